@@ -1,0 +1,98 @@
+"""Command line: ``kvscope serve`` (the sidecar) and ``kvscope demo`` (the embedded default)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from kvscope import __version__
+from kvscope.config import ENV, ConfigError, from_sources
+
+
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--endpoint",
+        dest="endpoints",
+        action="append",
+        help=f"ZMQ endpoint probes connect to, repeatable [{ENV['endpoints']}]",
+    )
+    p.add_argument("--host", help=f"HTTP bind address, default 127.0.0.1 [{ENV['host']}]")
+    p.add_argument("--port", type=int, help=f"HTTP port, default 9477 [{ENV['port']}]")
+    p.add_argument(
+        "--health-timeout",
+        dest="health_timeout_s",
+        type=float,
+        help=f"seconds without records before /healthz fails [{ENV['health_timeout_s']}]",
+    )
+    p.add_argument(
+        "--vllm-url", help=f"also scrape this vLLM server's /metrics [{ENV['vllm_url']}]"
+    )
+    p.add_argument(
+        "--vllm-scrape-interval",
+        dest="vllm_scrape_interval_s",
+        type=float,
+        help=f"seconds between scrapes of vLLM [{ENV['vllm_scrape_interval_s']}]",
+    )
+    p.add_argument("--token", help=f"bearer token for every route but /healthz [{ENV['token']}]")
+    p.add_argument("--log-level", help=f"debug, info, warning or error [{ENV['log_level']}]")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvscope", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"kvscope {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the sidecar: receive probe records, serve /metrics")
+    _serve_args(serve)
+
+    demo = sub.add_parser("demo", help="twin + probe + sidecar in one command, no GPU")
+    demo.add_argument("--port", type=int, default=9477, help="sidecar HTTP port (default 9477)")
+    demo.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="stop after this many seconds (default: serve until Ctrl-C)",
+    )
+    demo.add_argument(
+        "--step-ms",
+        type=float,
+        default=10.0,
+        help="pace of the twin's scheduler steps in ms (default 10)",
+    )
+    demo.add_argument("--requests", type=int, default=240, help="requests in the workload")
+    demo.add_argument("--blocks", type=int, default=64, help="KV blocks in the pool")
+    demo.add_argument("--policy", choices=("fcfs", "priority"), default="fcfs")
+    demo.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        cli = {k: v for k, v in vars(args).items() if k != "command"}
+        try:
+            cfg = from_sources(cli)
+        except ConfigError as exc:
+            print(f"kvscope serve: {exc}", file=sys.stderr)
+            return 2
+        logging.basicConfig(
+            level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+        from kvscope.sidecar.server import Sidecar
+
+        try:
+            Sidecar(cfg).run()
+        except Exception as exc:  # noqa: BLE001 - a clear line, not a traceback
+            print(f"kvscope serve: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    if args.command == "demo":
+        from kvscope.demo import run_demo
+
+        return run_demo(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""One typed configuration for ``kvscope serve``, validated once, every error at once.
+
+Every option is a CLI flag and a ``KVSCOPE_*`` environment variable; the flag wins.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import tempfile
+from dataclasses import dataclass, field, fields
+from typing import Any
+from urllib.parse import urlsplit
+
+
+def default_endpoint() -> str:
+    """A per-user ipc socket; the probe connects where the sidecar binds."""
+    return f"ipc://{tempfile.gettempdir()}/kvscope-{os.getuid()}/probe.sock"
+
+
+class ConfigError(ValueError):
+    """All problems found in one configuration."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__("invalid configuration:\n  - " + "\n  - ".join(errors))
+        self.errors = errors
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    endpoints: tuple[str, ...] = field(default_factory=lambda: (default_endpoint(),))
+    """ZMQ endpoints to bind for probes (env KVSCOPE_PROBE_ENDPOINT, comma-separated)."""
+    host: str = "127.0.0.1"
+    """HTTP bind address (env KVSCOPE_HOST)."""
+    port: int = 9477
+    """HTTP port (env KVSCOPE_PORT)."""
+    health_timeout_s: float = 30.0
+    """/healthz fails when no probe record arrived for this long (env KVSCOPE_HEALTH_TIMEOUT_S)."""
+    vllm_url: str | None = None
+    """vLLM server to scrape for coarse metrics and reconciliation (env KVSCOPE_VLLM_URL)."""
+    vllm_scrape_interval_s: float = 5.0
+    """Seconds between scrapes of vLLM's /metrics (env KVSCOPE_VLLM_SCRAPE_INTERVAL_S)."""
+    token: str | None = field(default=None, repr=False)
+    """Bearer token required on every route but /healthz (env KVSCOPE_TOKEN)."""
+    log_level: str = "info"
+    """Log level (env KVSCOPE_LOG_LEVEL)."""
+
+    def validate(self) -> None:
+        errors: list[str] = []
+        if not self.endpoints:
+            errors.append("at least one probe endpoint is needed")
+        for ep in self.endpoints:
+            if not ep.startswith(("ipc://", "tcp://")):
+                errors.append(f"probe endpoint {ep!r} must start with ipc:// or tcp://")
+        if not 0 < self.port < 65536:
+            errors.append(f"port {self.port} is outside 1-65535")
+        if self.health_timeout_s <= 0:
+            errors.append("health timeout must be positive")
+        if self.vllm_scrape_interval_s <= 0:
+            errors.append("vLLM scrape interval must be positive")
+        if self.vllm_url is not None:
+            parts = urlsplit(self.vllm_url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                errors.append("vLLM URL must be http(s)://host[:port]")
+        if not _is_loopback(self.host) and not self.token:
+            errors.append(
+                f"binding {self.host} (not loopback) needs a token (--token / KVSCOPE_TOKEN)"
+            )
+        if self.log_level.lower() not in ("debug", "info", "warning", "error"):
+            errors.append(f"log level {self.log_level!r} is not debug/info/warning/error")
+        if errors:
+            raise ConfigError(errors)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+ENV = {
+    "endpoints": "KVSCOPE_PROBE_ENDPOINT",
+    "host": "KVSCOPE_HOST",
+    "port": "KVSCOPE_PORT",
+    "health_timeout_s": "KVSCOPE_HEALTH_TIMEOUT_S",
+    "vllm_url": "KVSCOPE_VLLM_URL",
+    "vllm_scrape_interval_s": "KVSCOPE_VLLM_SCRAPE_INTERVAL_S",
+    "token": "KVSCOPE_TOKEN",
+    "log_level": "KVSCOPE_LOG_LEVEL",
+}
+
+
+def from_sources(cli: dict[str, Any], env: dict[str, str] | None = None) -> ServeConfig:
+    """Merge CLI values (None = not given) over environment over defaults, then validate."""
+    env = dict(os.environ) if env is None else env
+    values: dict[str, Any] = {}
+    errors: list[str] = []
+    types = {f.name: f.type for f in fields(ServeConfig)}
+    for name, var in ENV.items():
+        raw = cli.get(name)
+        if raw is None and env.get(var):
+            raw = env[var]
+        if raw is None:
+            continue
+        try:
+            values[name] = _convert(name, types[name], raw)
+        except ValueError:
+            errors.append(f"{name} ({var}): cannot read {raw!r}")
+    if errors:
+        raise ConfigError(errors)
+    cfg = ServeConfig(**values)
+    cfg.validate()
+    return cfg
+
+
+def _convert(name: str, typ: Any, raw: Any) -> Any:
+    if name == "endpoints":
+        items = raw.split(",") if isinstance(raw, str) else list(raw)
+        return tuple(i.strip() for i in items if i.strip())
+    if "int" in str(typ):
+        return int(raw)
+    if "float" in str(typ):
+        return float(raw)
+    return str(raw)

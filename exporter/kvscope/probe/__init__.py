@@ -1,0 +1,1 @@
+"""kvscope.probe"""

@@ -1,0 +1,133 @@
+"""vLLM plugin entry point (group ``vllm.general_plugins``).
+
+vLLM calls ``register()`` in every one of its processes. It does nothing unless
+``KVSCOPE_PROBE_ENDPOINT`` is set; then it patches the scheduler and block pool classes.
+Sockets and threads start lazily, on the first scheduler call, so only the EngineCore
+process (the one that schedules) records and sends anything.
+
+Environment:
+- ``KVSCOPE_PROBE_ENDPOINT``: ZMQ endpoint the sidecar binds (``ipc://...`` or ``tcp://...``)
+- ``KVSCOPE_ENGINE``: engine label (default: the data-parallel rank)
+- ``KVSCOPE_PROBE_RING``: ring capacity in records (default 8192)
+- ``KVSCOPE_PROBE_KEYFRAME_S``: seconds between keyframes (default 5)
+- ``KVSCOPE_PROBE_HWM``: ZMQ send high-water mark in frames (default 1000)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+log = logging.getLogger("kvscope.probe")
+
+ENV_ENDPOINT = "KVSCOPE_PROBE_ENDPOINT"
+_lock = threading.Lock()
+_senders: list[Any] = []
+_endpoint: str | None = None
+
+
+def _int_env(name: str, default: int) -> int:
+    try:
+        return max(1, int(os.environ.get(name, default)))
+    except ValueError:
+        return default
+
+
+def _float_env(name: str, default: float) -> float:
+    try:
+        return max(0.05, float(os.environ.get(name, default)))
+    except ValueError:
+        return default
+
+
+def bind(sched: Any, rec: Any) -> None:
+    """Point the scheduler, its pool and its coordinator at one Recorder."""
+    sched._kvscope = rec
+    rec.pool._kvscope = rec
+    rec.mgr.coordinator._kvscope = rec
+
+
+def attach(sched: Any) -> Any:
+    """Create the Recorder and Sender for one Scheduler; None when that fails."""
+    from kvscope.probe.recorder import Recorder
+    from kvscope.probe.sender import Sender
+
+    with _lock:
+        if sched.__dict__.get("_kvscope") is not None:
+            return sched._kvscope
+        if _endpoint is None:
+            sched._kvscope = _Off()
+            return None
+        try:
+            rec = Recorder(
+                sched,
+                ring_size=_int_env("KVSCOPE_PROBE_RING", 8192),
+                keyframe_interval_s=_float_env("KVSCOPE_PROBE_KEYFRAME_S", 5.0),
+            )
+            rec.push(("hello", rec.hello))
+            sender = Sender(
+                rec,
+                str(_endpoint),
+                hwm=_int_env("KVSCOPE_PROBE_HWM", 1000),
+            )
+            sender.start()
+        except Exception as exc:  # noqa: BLE001
+            log.warning("kvscope probe: not recording this scheduler: %r", exc)
+            sched._kvscope = _Off()
+            return None
+        _senders.append(sender)
+        bind(sched, rec)
+        log.info(
+            "kvscope probe: recording engine %s (%d blocks) to %s",
+            rec.hello.engine,
+            rec.hello.num_blocks,
+            sender.endpoint,
+        )
+        return rec
+
+
+class _Off:
+    """Marks a scheduler the probe gave up on, so it is not retried every step."""
+
+    enabled = False
+
+
+def register() -> None:
+    """vLLM's plugin hook. Never raises: a failure logs one line and leaves vLLM alone."""
+    endpoint = os.environ.get(ENV_ENDPOINT)
+    if endpoint:
+        enable(endpoint)
+
+
+def enable(endpoint: str | None) -> bool:
+    """Patch vLLM and record every scheduler to ``endpoint`` (None: only schedulers
+    bound by hand with ``bind``). Returns whether the hooks are in place."""
+    global _endpoint
+    _endpoint = endpoint
+    try:
+        from kvscope.probe import hooks
+
+        missing = hooks.missing_members()
+        if missing:
+            log.warning(
+                "kvscope probe disabled: this vLLM lacks %s; kvscope needs vLLM V1 (0.32)",
+                ", ".join(missing),
+            )
+            return False
+        absent = hooks.install(attach)
+        if absent:
+            log.info("kvscope probe: optional hooks unavailable: %s", ", ".join(absent))
+        return True
+    except Exception as exc:  # noqa: BLE001
+        log.warning("kvscope probe disabled: %r", exc)
+        return False
+
+
+def stop_all(timeout_s: float = 2.0) -> None:
+    """Flush and stop every sender of this process (tests, the twin at exit)."""
+    for s in list(_senders):
+        s.stop_event.set()
+        s.join(timeout_s)
+    _senders.clear()

@@ -1,0 +1,280 @@
+"""Per-scheduler state of the probe, touched only by vLLM's engine thread.
+
+The engine thread appends plain tuples to a bounded ring and keeps a one-byte-per-block
+mirror of the pool up to date from the four BlockPool wrappers; it never encodes, sends
+or blocks. The sender thread (``sender.py``) turns ring entries into wire records.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections import deque
+from typing import Any
+
+from kvscope import wire
+from kvscope.reasons import classify
+
+log = logging.getLogger("kvscope.probe")
+
+_now_ns = time.perf_counter_ns
+_wall = time.time
+
+MAX_FAULTS = 1000  # contained exceptions before the probe switches itself off
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class Recorder:
+    """Records one Scheduler and its BlockPool; created on the first hook call."""
+
+    def __init__(self, sched: Any, *, ring_size: int, keyframe_interval_s: float) -> None:
+        mgr = sched.kv_cache_manager
+        self.sched = sched
+        self.mgr = mgr
+        self.pool = mgr.block_pool
+        self.enabled = True
+        self.ring: deque[tuple[int, tuple[Any, ...]]] = deque()
+        self.ring_size = ring_size
+        self.seq = 0
+        self.ring_dropped = 0
+        self.send_dropped = 0  # written by the sender thread only
+        self.faults = 0
+        self.want_keyframe = True
+        self.keyframe_interval_ns = int(keyframe_interval_s * 1e9)
+        self.next_keyframe_ns = 0
+        self.ops: list[tuple[int, list[int]]] = []
+        self.arrivals: list[wire.Arrival] = []
+        self.ends: list[wire.End] = []
+        self.preemptions: list[wire.Preemption] = []
+        self.need: tuple[str, int] | None = None  # last (request_id, blocks to allocate)
+        self.in_schedule = False
+        self.last_probe_ns = 0
+        self.hello = self._hello(sched)
+        self.group_block_sizes = [g.block_size for g in self.hello.kv_groups]
+        self.states = self._scan_states()
+        self.policy = self.hello.policy
+
+    # -- setup ----------------------------------------------------------------
+    def _hello(self, sched: Any) -> wire.Hello:
+        import vllm
+
+        cfg = sched.vllm_config
+        groups = [
+            wire.KVGroup(type(g.kv_cache_spec).__name__, int(g.kv_cache_spec.block_size))
+            for g in sched.kv_cache_config.kv_cache_groups
+        ]
+        served = cfg.model_config.served_model_name
+        if isinstance(served, (list, tuple)):
+            served = served[0] if served else None
+        model = str(served or cfg.model_config.model)
+        engine = os.environ.get("KVSCOPE_ENGINE") or str(
+            getattr(cfg.parallel_config, "data_parallel_rank", 0)
+        )
+        sc = sched.scheduler_config
+        return wire.Hello(
+            engine=engine,
+            session=uuid.uuid4().hex[:16],
+            pid=os.getpid(),
+            vllm_version=str(getattr(vllm, "__version__", "unknown")),
+            model=model,
+            num_blocks=int(self.pool.num_gpu_blocks),
+            block_size=int(sched.block_size),
+            kv_groups=groups,
+            token_budget=int(sched.max_num_scheduled_tokens),
+            max_num_batched_tokens=int(sc.max_num_batched_tokens),
+            max_num_seqs=int(sc.max_num_seqs),
+            policy=str(sched.policy.value),
+            prefix_caching=bool(self.pool.enable_caching),
+            ts=_wall(),
+        )
+
+    def _scan_states(self) -> bytearray:
+        """One full scan of the pool: at attach time and after a contained fault only."""
+        states = bytearray(len(self.pool.blocks))
+        for b in self.pool.blocks:
+            if b.is_null:
+                states[b.block_id] = wire.STATE_NULL
+            elif b.ref_cnt > 0:
+                states[b.block_id] = wire.STATE_USED
+            elif b.block_hash is not None and self.pool.enable_caching:
+                states[b.block_id] = wire.STATE_CACHED
+        return states
+
+    # -- ring -------------------------------------------------------------------
+    def push(self, item: tuple[Any, ...]) -> None:
+        seq = self.seq
+        self.seq = seq + 1
+        if len(self.ring) >= self.ring_size:
+            self.ring_dropped += 1
+            self.want_keyframe = True
+            return
+        self.ring.append((seq, item))
+
+    def fault(self, where: str, exc: BaseException) -> None:
+        self.faults += 1
+        self.want_keyframe = True
+        self.dirty = True
+        if self.faults == 1:
+            log.warning("kvscope probe: contained an error in %s: %r", where, exc)
+        if self.faults >= MAX_FAULTS and self.enabled:
+            self.enabled = False
+            log.warning("kvscope probe: %d contained errors, recording switched off", self.faults)
+
+    dirty = False
+
+    # -- block pool ---------------------------------------------------------------
+    def on_alloc(self, blocks: Any) -> None:
+        ids = [b.block_id for b in blocks]
+        if ids:
+            st = self.states
+            for i in ids:
+                st[i] = wire.STATE_USED
+            self.ops.append((wire.OP_ALLOC, ids))
+
+    def on_free(self, blocks: Any) -> None:
+        plain: list[int] = []
+        cached: list[int] = []
+        caching = self.pool.enable_caching
+        pool = self.pool
+        for b in blocks:
+            if b.ref_cnt == 0 and not b.is_null and (b.pool is None or b.pool is pool):
+                (cached if caching and b.block_hash is not None else plain).append(b.block_id)
+        st = self.states
+        if plain:
+            for i in plain:
+                st[i] = wire.STATE_FREE
+            self.ops.append((wire.OP_FREE, plain))
+        if cached:
+            for i in cached:
+                st[i] = wire.STATE_CACHED
+            self.ops.append((wire.OP_FREE_CACHED, cached))
+
+    def on_uncache(self, block_ids: Any) -> None:
+        st = self.states
+        ids = [i for i in block_ids if st[i] == wire.STATE_CACHED]
+        for i in ids:
+            st[i] = wire.STATE_FREE
+        if ids:
+            self.ops.append((wire.OP_UNCACHE, ids))
+
+    def on_uncache_all(self) -> None:
+        self.states = bytearray(
+            wire.STATE_FREE if s == wire.STATE_CACHED else s for s in self.states
+        )
+        self.ops.append((wire.OP_UNCACHE_ALL, []))
+
+    # -- scheduler ------------------------------------------------------------------
+    def on_arrival(self, req: Any) -> None:
+        sp = req.sampling_params
+        self.arrivals.append(
+            wire.Arrival(
+                req.request_id,
+                int(req.num_prompt_tokens),
+                int(getattr(req, "max_tokens", 0) or (sp.max_tokens if sp else 0) or 0),
+                int(req.priority),
+                float(req.arrival_time),
+            )
+        )
+
+    def on_end(self, req: Any) -> None:
+        self.ends.append(
+            wire.End(
+                req.request_id,
+                str(req.status.name),
+                int(req.num_prompt_tokens),
+                int(req.num_output_tokens),
+                int(req.num_preemptions),
+                int(getattr(req, "num_cached_tokens", -1)),
+                _wall(),
+            )
+        )
+
+    def on_preempt(self, req: Any) -> None:
+        victim = req.request_id
+        free = self.pool.get_num_free_blocks()
+        need = self.need if self.in_schedule else None
+        requester = need[0] if need else None
+        needed = need[1] if need else None
+        requester_req = self.sched.requests.get(requester) if requester else None
+        requester_prio = int(requester_req.priority) if requester_req is not None else None
+        victim_blocks = sum(len(g) for g in self.mgr.get_block_ids(victim))
+        reason = classify(
+            policy=self.policy,
+            in_schedule=self.in_schedule,
+            victim=victim,
+            victim_priority=int(req.priority),
+            requester=requester,
+            requester_priority=requester_prio,
+            blocks_needed=needed,
+            free_blocks=free,
+        )
+        self.preemptions.append(
+            wire.Preemption(
+                victim=victim,
+                victim_blocks=victim_blocks,
+                victim_priority=int(req.priority),
+                computed_tokens_lost=int(req.num_computed_tokens),
+                free_blocks=free,
+                op_index=len(self.ops),
+                requester=requester,
+                requester_priority=requester_prio,
+                blocks_needed=needed,
+                policy=self.policy,
+                reason=reason,
+                ts=_wall(),
+            )
+        )
+
+    def head_blocks_needed(self) -> int:
+        waiting = self.sched.waiting
+        if not waiting:
+            return 0
+        n = waiting.peek_request().num_tokens
+        return sum(_cdiv(n, bs) for bs in self.group_block_sizes)
+
+    def on_step(self, out: Any, schedule_ns: int, t_end: int) -> None:
+        """After schedule(): one ring entry; a keyframe when due or after a gap."""
+        sched = self.sched
+        ops, self.ops = self.ops, []
+        arrivals, self.arrivals = self.arrivals, []
+        ends, self.ends = self.ends, []
+        pre, self.preemptions = self.preemptions, []
+        self.push(
+            (
+                "step",
+                _wall(),
+                ops,
+                out,
+                len(sched.running),
+                len(sched.waiting),
+                self.head_blocks_needed(),
+                self.pool.get_num_free_blocks(),
+                schedule_ns,
+                self.last_probe_ns,
+                arrivals,
+                ends,
+                pre,
+                int(sched.max_num_scheduled_tokens),
+            )
+        )
+        if self.want_keyframe or t_end >= self.next_keyframe_ns:
+            self.keyframe(t_end)
+        self.last_probe_ns = _now_ns() - t_end
+
+    def keyframe(self, t_now: int) -> None:
+        """Copy the mirror (no pool scan) plus the running requests' block tables."""
+        if self.dirty:
+            self.states = self._scan_states()
+            self.dirty = False
+        self.want_keyframe = False
+        self.next_keyframe_ns = t_now + self.keyframe_interval_ns
+        get_ids = self.mgr.get_block_ids
+        running = self.sched.running
+        tables = {r.request_id: [list(g) for g in get_ids(r.request_id)] for r in running}
+        tokens = {r.request_id: int(r.num_computed_tokens) for r in running}
+        self.push(("keyframe", self.hello, bytes(self.states), tables, tokens))

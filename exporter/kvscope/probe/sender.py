@@ -1,0 +1,149 @@
+"""The probe's background thread: ring entries -> wire records -> ZMQ PUSH.
+
+Runs off vLLM's engine thread. Sends never block: with a full high-water mark or no
+connected sidecar the batch is dropped, counted, and a keyframe is requested so the
+sidecar can resynchronise. Work is done in small batches with a sleep between them so
+this thread never holds the GIL long enough to delay the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from kvscope import wire
+from kvscope.probe.recorder import Recorder
+
+log = logging.getLogger("kvscope.probe")
+
+MAX_BATCH = 128
+
+
+def to_record(item: tuple[Any, ...]) -> wire.Record:
+    """Build the wire record for one ring entry (runs on the sender thread)."""
+    kind = item[0]
+    if kind == "step":
+        (_, ts, ops, out, running, waiting, head, free, sched_ns, probe_ns,
+         arrivals, ends, pre, budget) = item
+        new = [
+            wire.NewReq(r.req_id, [list(g) for g in r.block_ids], int(r.num_computed_tokens))
+            for r in out.scheduled_new_reqs
+        ]
+        c = out.scheduled_cached_reqs
+        resumed = c.resumed_req_ids
+        cached = [
+            wire.CachedReq(
+                rid,
+                None if nb is None else [list(g) for g in nb],
+                int(nc),
+                rid in resumed,
+            )
+            for rid, nb, nc in zip(c.req_ids, c.new_block_ids, c.num_computed_tokens, strict=True)
+        ]
+        return wire.Step(
+            ts=ts,
+            ops=ops,
+            new_reqs=new,
+            cached_reqs=cached,
+            num_scheduled=dict(out.num_scheduled_tokens),
+            finished=list(out.finished_req_ids),
+            preempted=list(out.preempted_req_ids),
+            preemptions=pre,
+            arrivals=arrivals,
+            ends=ends,
+            scheduled_tokens=int(out.total_num_scheduled_tokens),
+            token_budget=budget,
+            running=running,
+            waiting=waiting,
+            head_blocks_needed=head,
+            free_blocks=free,
+            schedule_ns=sched_ns,
+            probe_ns=probe_ns,
+        )
+    if kind == "keyframe":
+        _, hello, states, tables, tokens = item
+        return wire.Keyframe(hello=hello, states=states, tables=tables, tokens=tokens)
+    if kind == "hello":
+        return item[1]  # type: ignore[no-any-return]
+    raise ValueError(f"unknown ring entry {kind!r}")
+
+
+def take_batch(rec: Recorder) -> wire.Frame:
+    """Pop up to MAX_BATCH ring entries with consecutive sequence numbers as one frame."""
+    ring = rec.ring
+    first, item = ring.popleft()
+    items = [item]
+    expect = first + 1
+    while ring and len(items) < MAX_BATCH and ring[0][0] == expect:
+        items.append(ring.popleft()[1])
+        expect += 1
+    return wire.Frame(
+        engine=rec.hello.engine,
+        session=rec.hello.session,
+        first_seq=first,
+        dropped=rec.ring_dropped + rec.send_dropped,
+        faults=rec.faults,
+        records=[to_record(i) for i in items],
+    )
+
+
+class Sender(threading.Thread):
+    """Drains one Recorder's ring to a ZMQ PUSH socket connected to the sidecar."""
+
+    def __init__(self, rec: Recorder, endpoint: str, *, hwm: int = 1000) -> None:
+        super().__init__(name="kvscope-probe-sender", daemon=True)
+        self.rec = rec
+        self.endpoint = endpoint
+        self.hwm = hwm
+        self.sent = 0
+        self.stop_event = threading.Event()
+        self._sock: Any = None
+
+    def _socket(self) -> Any:
+        import zmq
+
+        ctx = zmq.Context.instance()
+        sock = ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.SNDHWM, self.hwm)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IMMEDIATE, 1)  # queue only to a connected sidecar
+        sock.connect(self.endpoint)
+        return sock
+
+    def run(self) -> None:
+        try:
+            self._sock = self._socket()
+        except Exception as exc:  # noqa: BLE001
+            log.warning("kvscope probe: cannot open %s (%r); recording off", self.endpoint, exc)
+            self.rec.enabled = False
+            return
+        idle = 0.002
+        while not self.stop_event.is_set():
+            try:
+                n = self.drain_once()
+            except Exception as exc:  # noqa: BLE001
+                self.rec.fault("sender", exc)
+                n = 0
+            idle = 0.001 if n else min(idle * 2, 0.05)
+            time.sleep(idle)
+        self.drain_once()
+
+    def drain_once(self) -> int:
+        """Send what the ring holds now; return how many entries were handled."""
+        import zmq
+
+        handled = 0
+        rec = self.rec
+        while rec.ring and handled < 4 * MAX_BATCH:
+            frame = take_batch(rec)
+            n = len(frame.records)
+            handled += n
+            try:
+                self._sock.send_multipart(wire.encode(frame), flags=zmq.NOBLOCK, copy=False)
+                self.sent += n
+            except zmq.Again:
+                rec.send_dropped += n
+                rec.want_keyframe = True
+        return handled

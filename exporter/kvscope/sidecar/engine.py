@@ -1,0 +1,218 @@
+"""Everything the sidecar knows about one engine, updated record by record.
+
+Counters only grow while the engine's probe session lives; a new session (the engine
+restarted) starts a fresh EngineState. Gauges describe the latest step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kvscope import wire
+from kvscope.sidecar.ledger import Ledger
+
+MAXRUN_SAMPLE_S = 0.1  # how often max-contiguous is sampled between scrapes
+
+
+@dataclass(frozen=True)
+class PreemptionSeen:
+    """A preemption with the ledger's own view of the pool just before it."""
+
+    step: int
+    engine: str
+    model: str
+    fact: wire.Preemption
+    max_contiguous_free: int | None
+    """Longest run of consecutive free block IDs just before; None when stale."""
+
+
+@dataclass
+class Counters:
+    steps: int = 0
+    scheduled_tokens: int = 0
+    budget_tokens: int = 0
+    preemptions: dict[str, int] = field(default_factory=lambda: dict.fromkeys(wire.REASONS, 0))
+    preempted_tokens: int = 0
+    recomputed_tokens: int = 0
+    arrivals: int = 0
+    ends: dict[str, int] = field(default_factory=dict)
+    schedule_seconds: float = 0.0
+    probe_seconds: float = 0.0
+    ledger_mismatches: int = 0
+    gaps: int = 0
+
+
+@dataclass
+class Extremes:
+    """Lowest and highest values seen since the engine connected (for summaries)."""
+
+    min_free: int | None = None
+    min_max_contiguous: int | None = None
+    peak_used: int = 0
+    util_sum: float = 0.0
+    util_steps: int = 0
+    util_at_zero_free_sum: float = 0.0
+    util_at_zero_free_steps: int = 0
+
+
+Listener = Callable[[str, "EngineState", object], None]
+
+
+class EngineState:
+    """Ingests one probe session's records in order."""
+
+    def __init__(self, hello: wire.Hello, listeners: list[Listener] | None = None) -> None:
+        self.hello = hello
+        self.ledger = Ledger(hello.num_blocks, [g.block_size for g in hello.kv_groups])
+        self.counters = Counters()
+        self.extremes = Extremes()
+        self.listeners = listeners if listeners is not None else []
+        self.next_seq = 0
+        self.last_step: wire.Step | None = None
+        self.last_record_monotonic = time.monotonic()
+        self.probe_dropped = 0
+        self.probe_faults = 0
+        self.recent_preemptions: deque[PreemptionSeen] = deque(maxlen=200)
+        self.lost_tokens: dict[str, int] = {}
+        self.util_window: deque[tuple[float, int, int]] = deque(maxlen=4096)
+        self._maxrun = 0
+        self._maxrun_at = 0.0
+
+    @property
+    def engine(self) -> str:
+        return self.hello.engine
+
+    # -- frames ---------------------------------------------------------------------
+    def note_frame(self, frame: wire.Frame) -> None:
+        """Check continuity; a gap makes the ledger stale until the next keyframe."""
+        if frame.first_seq != self.next_seq:
+            self.counters.gaps += 1
+            self.ledger.synced = False
+        self.next_seq = frame.first_seq + len(frame.records)
+        self.probe_dropped = frame.dropped
+        self.probe_faults = frame.faults
+        self.last_record_monotonic = time.monotonic()
+
+    def ingest(self, record: wire.Record) -> None:
+        if isinstance(record, wire.Step):
+            self._step(record)
+        elif isinstance(record, wire.Keyframe):
+            if record.hello.num_blocks != self.ledger.num_blocks:
+                raise ValueError("keyframe pool size differs from hello")
+            if self.ledger.load(record):
+                self.counters.ledger_mismatches += 1
+            self._sample_maxrun(force=True)
+        # a repeated Hello of the same session carries nothing new
+
+    # -- steps --------------------------------------------------------------------------
+    def _step(self, s: wire.Step) -> None:
+        led = self.ledger
+        c = self.counters
+        c.steps += 1
+        c.scheduled_tokens += s.scheduled_tokens
+        c.budget_tokens += s.token_budget
+        c.schedule_seconds += s.schedule_ns / 1e9
+        c.probe_seconds += s.probe_ns / 1e9
+        c.arrivals += len(s.arrivals)
+
+        pos = 0
+        seen: list[PreemptionSeen] = []
+        for p in sorted(s.preemptions, key=lambda p: p.op_index):
+            led.apply(s.ops[pos : p.op_index])
+            pos = p.op_index
+            maxrun = led.max_contiguous_free() if led.synced else None
+            seen.append(PreemptionSeen(c.steps, self.engine, self.hello.model, p, maxrun))
+        led.apply(s.ops[pos:])
+
+        for rid in s.finished:
+            led.drop_request(rid)
+        for rid in s.preempted:
+            led.drop_request(rid)
+        for p in s.preemptions:
+            c.preemptions[p.reason if p.reason in c.preemptions else "unknown"] += 1
+            c.preempted_tokens += p.computed_tokens_lost
+            self.lost_tokens[p.victim] = p.computed_tokens_lost
+        sched = s.num_scheduled
+        for r in s.new_reqs:
+            led.set_table(r.req_id, r.block_ids, r.computed_tokens + sched.get(r.req_id, 0))
+            self._resumed(r.req_id, r.computed_tokens)
+        for r in s.cached_reqs:
+            tokens = r.computed_tokens + sched.get(r.req_id, 0)
+            if r.resumed:
+                led.set_table(r.req_id, r.new_block_ids or [], tokens)
+                self._resumed(r.req_id, r.computed_tokens)
+            else:
+                led.extend_table(r.req_id, r.new_block_ids, tokens)
+        for e in s.ends:
+            c.ends[e.status] = c.ends.get(e.status, 0) + 1
+            self.lost_tokens.pop(e.req_id, None)
+
+        if led.synced and led.free != s.free_blocks:
+            c.ledger_mismatches += 1
+            led.synced = False
+        self.last_step = s
+        self.util_window.append((s.ts, c.scheduled_tokens, c.budget_tokens))
+        self._track(s)
+        for p in seen:
+            self.recent_preemptions.append(p)
+        for fn in self.listeners:
+            fn("step", self, s)
+            for p in seen:
+                fn("preemption", self, p)
+
+    def _resumed(self, req_id: str, computed_at_resume: int) -> None:
+        lost = self.lost_tokens.pop(req_id, None)
+        if lost is not None:
+            self.counters.recomputed_tokens += max(0, lost - computed_at_resume)
+
+    def _track(self, s: wire.Step) -> None:
+        ex = self.extremes
+        util = s.scheduled_tokens / s.token_budget if s.token_budget else 0.0
+        ex.util_sum += util
+        ex.util_steps += 1
+        if not self.ledger.synced:
+            return
+        free = self.ledger.free
+        ex.min_free = free if ex.min_free is None else min(ex.min_free, free)
+        ex.peak_used = max(ex.peak_used, self.ledger.used)
+        if free == 0:
+            ex.util_at_zero_free_sum += util
+            ex.util_at_zero_free_steps += 1
+        self._sample_maxrun()
+
+    def _sample_maxrun(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not self.ledger.synced or (not force and now - self._maxrun_at < MAXRUN_SAMPLE_S):
+            return
+        self._maxrun_at = now
+        self._maxrun = self.ledger.max_contiguous_free()
+        ex = self.extremes
+        if ex.min_max_contiguous is None or self._maxrun < ex.min_max_contiguous:
+            ex.min_max_contiguous = self._maxrun
+
+    # -- derived -------------------------------------------------------------------------
+    def max_contiguous_free(self) -> int:
+        """Fresh value (computed now); also folds into the sampled minimum."""
+        self._sample_maxrun(force=True)
+        return self._maxrun
+
+    def budget_utilization(self, window_s: float = 10.0) -> float | None:
+        """Scheduled tokens / token budget over the engine's last ``window_s`` seconds."""
+        w = self.util_window
+        if not w:
+            return None
+        t_end, sched_end, budget_end = w[-1]
+        base = None
+        for t, sch, bud in reversed(w):
+            if t_end - t > window_s:
+                break
+            base = (sch, bud)
+        if base is None or budget_end == base[1]:
+            last = self.last_step
+            if last is None or not last.token_budget:
+                return None
+            return last.scheduled_tokens / last.token_budget
+        return (sched_end - base[0]) / (budget_end - base[1])

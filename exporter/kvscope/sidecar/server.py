@@ -1,0 +1,91 @@
+"""Assembles the sidecar from a ServeConfig and runs it."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import uvicorn
+from prometheus_client import CollectorRegistry
+
+from kvscope.config import ServeConfig
+from kvscope.sidecar.app import create_app
+from kvscope.sidecar.gpu import GpuReader
+from kvscope.sidecar.hub import Hub
+from kvscope.sidecar.metrics import KVScopeCollector
+from kvscope.sidecar.process import ProcessReader
+from kvscope.sidecar.receiver import Receiver
+from kvscope.sidecar.vllm_metrics import VllmScraper
+
+log = logging.getLogger("kvscope.sidecar")
+
+
+class Sidecar:
+    """Receiver thread + optional vLLM scraper + HTTP server, sharing one Hub."""
+
+    def __init__(self, cfg: ServeConfig) -> None:
+        cfg.validate()
+        self.cfg = cfg
+        self.hub = Hub()
+        self.receiver = Receiver(self.hub, list(cfg.endpoints))
+        self.scraper = (
+            VllmScraper(cfg.vllm_url, cfg.vllm_scrape_interval_s) if cfg.vllm_url else None
+        )
+        self.registry = CollectorRegistry()
+        self.registry.register(
+            KVScopeCollector(
+                self.hub,
+                health_timeout_s=cfg.health_timeout_s,
+                gpu=GpuReader(),
+                processes=ProcessReader(),
+                vllm=self.scraper,
+            )
+        )
+        self.app = create_app(
+            self.hub,
+            self.registry,
+            health_timeout_s=cfg.health_timeout_s,
+            token=cfg.token,
+            receiver_error=lambda: self.receiver.error,
+        )
+        self.server = uvicorn.Server(
+            uvicorn.Config(
+                self.app,
+                host=cfg.host,
+                port=cfg.port,
+                log_level=cfg.log_level.lower(),
+                access_log=False,
+                limit_concurrency=256,
+                timeout_graceful_shutdown=5,
+            )
+        )
+        self._thread: threading.Thread | None = None
+
+    def start_background(self) -> None:
+        """Bind and start everything; the HTTP server runs on its own thread."""
+        self.receiver.bind()
+        self.receiver.start()
+        if self.scraper:
+            self.scraper.start()
+        self._thread = threading.Thread(target=self.server.run, name="kvscope-http", daemon=True)
+        self._thread.start()
+
+    def run(self) -> None:
+        """Bind and serve until SIGINT / SIGTERM (uvicorn handles both)."""
+        self.receiver.bind()
+        self.receiver.start()
+        if self.scraper:
+            self.scraper.start()
+        log.info("kvscope sidecar on http://%s:%d/metrics", self.cfg.host, self.cfg.port)
+        try:
+            self.server.run()
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        if self.scraper:
+            self.scraper.stop_event.set()
+        self.receiver.stop()
+        if self._thread is not None:
+            self._thread.join(10)

@@ -1,0 +1,12 @@
+"""kvscope.twin: vLLM's real scheduler and KV-cache manager, driven in-process without a model.
+
+``config`` and ``workload`` are plain data and import nothing heavy; ``engine`` (the
+``Twin`` itself) and ``scheduler`` import vLLM, so import them explicitly::
+
+    from kvscope.twin.engine import Twin
+"""
+
+from kvscope.twin.config import TwinConfig
+from kvscope.twin.workload import TwinRequest, WorkloadSpec, generate
+
+__all__ = ["TwinConfig", "TwinRequest", "WorkloadSpec", "generate"]

@@ -1,0 +1,78 @@
+"""The twin's configuration: the scheduler and KV-pool knobs of a vLLM server."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from kvscope.localvllm.tinymodel import MAX_POSITION_EMBEDDINGS
+
+Policy = Literal["fcfs", "priority"]
+POLICIES: tuple[Policy, ...] = ("fcfs", "priority")
+
+BLOCK_SIZE_MULTIPLE = 16
+"""vLLM's attention backends take block sizes that are multiples of 16 (CUDA, ROCm) or
+32 (the CPU backend). The twin runs no attention, so it accepts the looser rule."""
+
+
+@dataclass(frozen=True)
+class TwinConfig:
+    """Scheduler and KV-cache settings, named after the vLLM flags they mirror."""
+
+    block_size: int = 32
+    """Tokens per KV block (``--block-size``)."""
+
+    num_blocks: int = 48
+    """Blocks in the pool, the null block included (``--num-gpu-blocks-override``)."""
+
+    max_num_seqs: int = 32
+    """Most requests running at once (``--max-num-seqs``)."""
+
+    max_num_batched_tokens: int = 512
+    """Token budget of one step (``--max-num-batched-tokens``)."""
+
+    max_model_len: int = 1024
+    """Longest prompt plus output (``--max-model-len``)."""
+
+    policy: Policy = "fcfs"
+    """Queue order and preemption victim choice (``--scheduling-policy``)."""
+
+    enable_prefix_caching: bool = True
+    """Reuse KV blocks of identical prompt prefixes (``--enable-prefix-caching``)."""
+
+    def validate(self) -> list[str]:
+        """Every problem with this config, one sentence each; empty when it is usable."""
+        errors: list[str] = []
+        if self.block_size <= 0 or self.block_size % BLOCK_SIZE_MULTIPLE:
+            errors.append(
+                f"block_size must be a positive multiple of {BLOCK_SIZE_MULTIPLE}, "
+                f"got {self.block_size}."
+            )
+        if self.num_blocks < 2:
+            errors.append(
+                f"num_blocks must be at least 2 (block 0 is the null block), got {self.num_blocks}."
+            )
+        if self.max_num_seqs < 1:
+            errors.append(f"max_num_seqs must be at least 1, got {self.max_num_seqs}.")
+        if self.max_num_batched_tokens < max(1, self.max_num_seqs):
+            errors.append(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
+                f"max_num_seqs ({self.max_num_seqs}), as vLLM requires."
+            )
+        if not 1 <= self.max_model_len <= MAX_POSITION_EMBEDDINGS:
+            errors.append(
+                f"max_model_len must be between 1 and {MAX_POSITION_EMBEDDINGS} "
+                f"(the tiny model's positions), got {self.max_model_len}."
+            )
+        if self.block_size > 0 and self.num_blocks >= 2:
+            capacity = (self.num_blocks - 1) * self.block_size
+            if capacity < self.max_model_len:
+                # vLLM refuses to start when one full-length request cannot fit; the
+                # scheduler would otherwise preempt that request forever.
+                errors.append(
+                    f"the pool holds {capacity} tokens ((num_blocks - 1) * block_size), "
+                    f"fewer than max_model_len ({self.max_model_len})."
+                )
+        if self.policy not in POLICIES:
+            errors.append(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}.")
+        return errors

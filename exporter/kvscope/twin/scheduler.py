@@ -1,0 +1,120 @@
+"""Build vLLM's real V1 ``Scheduler`` and ``KVCacheManager`` with no model behind them.
+
+This follows what ``EngineCore.__init__`` does once the workers have reported their
+KV-cache layout: the same config objects, the same scheduler constructor, the same
+block hasher. Only the model is missing; ``kvscope.twin.engine`` plays its part.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kvscope.localvllm.tinymodel import default_cache_dir, llama_config, write_llama_config
+from kvscope.twin._vllm import (
+    CacheConfig,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    ModelConfig,
+    Request,
+    Scheduler,
+    SchedulerConfig,
+    StructuredOutputManager,
+    VllmConfig,
+    get_hash_fn_by_name,
+    get_request_block_hasher,
+    init_none_hash,
+    resolve_kv_cache_block_sizes,
+    torch,
+)
+from kvscope.twin.config import TwinConfig
+
+MODEL_CONFIG_DIR = "tiny-llama-config"
+"""Directory under the cache dir holding only the tiny Llama's config.json."""
+
+
+def vllm_config(cfg: TwinConfig, model_dir: Path | None = None) -> VllmConfig:
+    """The ``VllmConfig`` a CPU server started with ``cfg``'s flags would build."""
+    model_dir = write_llama_config(model_dir or default_cache_dir() / MODEL_CONFIG_DIR)
+    model = ModelConfig(
+        model=str(model_dir),
+        dtype="float32",
+        max_model_len=cfg.max_model_len,
+        skip_tokenizer_init=True,
+        seed=0,
+    )
+    scheduler = SchedulerConfig(
+        max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        max_model_len=cfg.max_model_len,
+        policy=cfg.policy,
+        enable_chunked_prefill=True,
+        async_scheduling=False,
+        is_encoder_decoder=False,
+    )
+    cache = CacheConfig(block_size=cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching)
+    config = VllmConfig(model_config=model, scheduler_config=scheduler, cache_config=cache)
+    # The engine sets this after profiling; --num-gpu-blocks-override pins it.
+    config.cache_config.num_gpu_blocks = cfg.num_blocks
+    return config
+
+
+def kv_cache_config(cfg: TwinConfig) -> KVCacheConfig:
+    """One full-attention group covering the tiny Llama's layers, ``cfg.num_blocks`` blocks."""
+    model = llama_config()
+    spec = FullAttentionSpec(
+        block_size=cfg.block_size,
+        num_kv_heads=model["num_key_value_heads"],
+        head_size=model["head_dim"],
+        dtype=torch.float32,
+    )
+    layers = [f"model.layers.{i}.self_attn.attn" for i in range(model["num_hidden_layers"])]
+    # No tensors: nothing is ever computed, only block IDs are handed out.
+    return KVCacheConfig(
+        num_blocks=cfg.num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(layers, spec)],
+    )
+
+
+def build_scheduler(
+    cfg: TwinConfig,
+    scheduler_cls: type[Scheduler] | None = None,
+    *,
+    model_dir: Path | None = None,
+) -> Scheduler:
+    """vLLM's real ``Scheduler`` (or ``scheduler_cls``, a subclass) configured by ``cfg``.
+
+    ``model_dir`` is where the config-only tiny Llama is written (default: the kvscope
+    cache dir). Raises ``ValueError`` listing every problem when ``cfg`` is invalid.
+    """
+    errors = cfg.validate()
+    if errors:
+        raise ValueError("invalid TwinConfig: " + " ".join(errors))
+    config = vllm_config(cfg, model_dir)
+    kv_config = kv_cache_config(cfg)
+    block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_config, config)
+    cls = scheduler_cls or Scheduler
+    return cls(
+        vllm_config=config,
+        kv_cache_config=kv_config,
+        structured_output_manager=StructuredOutputManager(config),
+        block_size=block_size,
+        hash_block_size=hash_block_size,
+        log_stats=True,  # a server's default: keeps per-request events and prefix-cache stats
+    )
+
+
+def request_block_hasher(scheduler: Scheduler) -> Callable[[Request], list[Any]] | None:
+    """The prefix-cache block hasher ``EngineCore`` gives every request, or None when off.
+
+    Python's builtin ``hash`` is not accepted; the server's default is sha256.
+    """
+    cache_config = scheduler.vllm_config.cache_config
+    if not cache_config.enable_prefix_caching:
+        return None
+    hash_fn = get_hash_fn_by_name(cache_config.prefix_caching_hash_algo)
+    init_none_hash(hash_fn)
+    return get_request_block_hasher(scheduler.hash_block_size, hash_fn)

@@ -1,0 +1,225 @@
+"""The versioned contract between the probe (inside vLLM) and the sidecar.
+
+A frame travels as a two-part ZMQ message: ``[VERSION_TAG, msgpack(Frame)]``. The
+receiver checks the tag before decoding, so a frame of another version is rejected
+cheaply and counted; a malformed body is rejected and counted too. Nothing here
+knows about Prometheus, ClickHouse or HTTP.
+
+Block operations are recorded in the order vLLM's ``BlockPool`` performed them;
+replaying them in order rebuilds the exact free set (unordered sets do not).
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+WIRE_VERSION = 1
+VERSION_TAG = b"kvscope/1"
+
+# Block operation kinds (first element of an op tuple).
+OP_ALLOC = 0  # free -> used (get_new_blocks, touch of a free block)
+OP_FREE = 1  # used -> free, no prefix-cache hash (reused first)
+OP_FREE_CACHED = 2  # used -> free, still holds a prefix-cache hash (evictable)
+OP_UNCACHE = 3  # free+cached -> free (hash evicted without allocation)
+OP_UNCACHE_ALL = 4  # every free+cached block -> free (prefix cache reset)
+
+# Per-block states in a keyframe and in the sidecar's ledger.
+STATE_FREE = 0
+STATE_CACHED = 1  # free, evictable prefix-cache block
+STATE_USED = 2
+STATE_NULL = 3  # block 0, vLLM's null block, never free
+
+REASONS = ("kv_full", "priority", "unknown")
+
+
+class KVGroup(msgspec.Struct, array_like=True, frozen=True):
+    """One KV cache group of the engine (a plain model has one)."""
+
+    kind: str
+    """Spec class name, for example ``FullAttentionSpec``."""
+    block_size: int
+    """Tokens per block in this group."""
+
+
+class Hello(msgspec.Struct, tag="hello", array_like=True, frozen=True):
+    """Static facts about one engine, sent first and inside every keyframe."""
+
+    engine: str
+    """Engine label: ``KVSCOPE_ENGINE`` or the data-parallel rank."""
+    session: str
+    """Random ID of this probe instance; a new one means the engine restarted."""
+    pid: int
+    """EngineCore process ID."""
+    vllm_version: str
+    model: str
+    num_blocks: int
+    """Blocks in the pool, including the null block 0."""
+    block_size: int
+    kv_groups: list[KVGroup]
+    token_budget: int
+    """Tokens one step may schedule (max_num_scheduled_tokens)."""
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    policy: str
+    prefix_caching: bool
+    ts: float
+
+
+class Preemption(msgspec.Struct, array_like=True, frozen=True):
+    """Facts recorded just before vLLM freed a victim's blocks."""
+
+    victim: str
+    victim_blocks: int
+    """Blocks the victim held (all KV groups)."""
+    victim_priority: int
+    computed_tokens_lost: int
+    """The victim's computed tokens, discarded by the preemption."""
+    free_blocks: int
+    """Pool's free blocks (evictable cached ones included) just before."""
+    op_index: int
+    """Number of this step's ops that precede the preemption."""
+    requester: str | None
+    """Request whose block allocation failed, when one did."""
+    requester_priority: int | None
+    blocks_needed: int | None
+    """Blocks that allocation needed."""
+    policy: str
+    reason: str
+    """One of REASONS, derived from the facts above (kvscope.reasons)."""
+    ts: float
+
+
+class Arrival(msgspec.Struct, array_like=True, frozen=True):
+    """A request entered the scheduler. Lengths only: never token IDs or text."""
+
+    req_id: str
+    prompt_len: int
+    max_tokens: int
+    priority: int
+    arrival_time: float
+
+
+class End(msgspec.Struct, array_like=True, frozen=True):
+    """A request left the scheduler (finished or aborted)."""
+
+    req_id: str
+    status: str
+    """vLLM RequestStatus name, for example FINISHED_LENGTH_CAPPED."""
+    prompt_len: int
+    output_len: int
+    num_preemptions: int
+    cached_tokens: int
+    """Prompt tokens served from the prefix cache at first admission (-1 unknown)."""
+    ts: float
+
+
+class NewReq(msgspec.Struct, array_like=True, frozen=True):
+    """A request scheduled for the first time in this step."""
+
+    req_id: str
+    block_ids: list[list[int]]
+    """Its whole block table, one list per KV group."""
+    computed_tokens: int
+    """Tokens already computed before this step (prefix-cache hits)."""
+
+
+class CachedReq(msgspec.Struct, array_like=True, frozen=True):
+    """A request scheduled again (running on, or resumed after preemption)."""
+
+    req_id: str
+    new_block_ids: list[list[int]] | None
+    """Blocks added this step per group; the whole table when resumed."""
+    computed_tokens: int
+    resumed: bool
+
+
+class Step(msgspec.Struct, tag="step", array_like=True, frozen=True):
+    """One ``Scheduler.schedule()`` call and what happened since the previous one."""
+
+    ts: float
+    ops: list[tuple[int, list[int]]]
+    """Ordered block operations: (OP_*, block IDs)."""
+    new_reqs: list[NewReq]
+    cached_reqs: list[CachedReq]
+    num_scheduled: dict[str, int]
+    finished: list[str]
+    preempted: list[str]
+    preemptions: list[Preemption]
+    arrivals: list[Arrival]
+    ends: list[End]
+    scheduled_tokens: int
+    token_budget: int
+    running: int
+    waiting: int
+    head_blocks_needed: int
+    """Blocks the head of the waiting queue needs for its whole current sequence,
+    before prefix-cache hits (an upper bound); 0 when nothing waits."""
+    free_blocks: int
+    """The pool's own free count after the step, a check for the ledger."""
+    schedule_ns: int
+    """Time spent in vLLM's schedule()."""
+    probe_ns: int
+    """Engine-thread time the probe spent on the previous step."""
+
+
+class Keyframe(msgspec.Struct, tag="keyframe", array_like=True, frozen=True):
+    """Full pool state after the preceding step, copied from the probe's mirror."""
+
+    hello: Hello
+    states: bytes
+    """One byte per block: STATE_*."""
+    tables: dict[str, list[list[int]]]
+    """Block table of every running request, one list per KV group."""
+    tokens: dict[str, int]
+    """Computed tokens of every running request."""
+
+
+Record = Union[Hello, Step, Keyframe]  # noqa: UP007 - runtime union for msgspec on 3.10
+
+
+class Frame(msgspec.Struct, array_like=True, frozen=True):
+    """A batch of consecutive records from one probe."""
+
+    engine: str
+    session: str
+    first_seq: int
+    """Sequence number of records[0]; records are numbered consecutively."""
+    dropped: int
+    """Records this probe dropped so far (ring full or sidecar not keeping up)."""
+    faults: int
+    """Exceptions the probe caught and contained so far."""
+    records: list[Record]
+
+
+class WireError(ValueError):
+    """A frame that cannot be accepted; ``reason`` is a bounded label."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Frame)
+
+
+def encode(frame: Frame) -> list[bytes]:
+    """The multipart message for one frame."""
+    return [VERSION_TAG, _encoder.encode(frame)]
+
+
+def decode(parts: list[bytes]) -> Frame:
+    """Validate and decode a multipart message; raise WireError when it is not ours."""
+    if len(parts) != 2:
+        raise WireError("parts", f"expected 2 message parts, got {len(parts)}")
+    tag, body = parts
+    if tag != VERSION_TAG:
+        if tag.startswith(b"kvscope/"):
+            raise WireError("version", f"unsupported wire version {tag[:32]!r}")
+        raise WireError("tag", "not a kvscope frame")
+    try:
+        return _decoder.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise WireError("malformed", str(exc)[:200]) from None
