@@ -221,5 +221,5 @@ def decode(parts: list[bytes]) -> Frame:
         raise WireError("tag", "not a kvscope frame")
     try:
         return _decoder.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise WireError("malformed", str(exc)[:200]) from None
+    except Exception as exc:  # noqa: BLE001 - msgspec also raises e.g. UnicodeDecodeError
+        raise WireError("malformed", f"{type(exc).__name__}: {str(exc)[:200]}") from None

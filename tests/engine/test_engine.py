@@ -1,0 +1,239 @@
+"""A real vLLM server on the CPU with the probe, and a real sidecar: kvscope's counts must
+reconcile with vLLM's own /metrics, and vLLM must not care whether a sidecar listens.
+
+The tests share one server and run in file order: the reconciliation test needs the
+sidecar that has watched the engine since its first step; the last test stops it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvscope.localvllm.load import LoadSpec, build_requests, run_load_sync
+from kvscope.localvllm.server import live_group_pids
+
+if TYPE_CHECKING:
+    from conftest import EngineStack
+
+pytestmark = pytest.mark.engine
+
+ENGINE = {"engine": "0"}
+REASONS = ("kv_full", "priority", "unknown")
+
+
+def sample(text: str, name: str, labels: dict[str, str] | None = None) -> float:
+    """The value of the one sample called ``name`` whose labels include ``labels``."""
+    want = labels or {}
+    found = [s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+             if s.name == name and all(s.labels.get(k) == v for k, v in want.items())]
+    if len(found) != 1:
+        raise LookupError(f"{len(found)} samples named {name} with labels {want}")
+    return float(found[0])
+
+
+def sample_sum(text: str, name: str, labels: dict[str, str] | None = None) -> float:
+    """The sum over every sample called ``name`` whose labels include ``labels``."""
+    want = labels or {}
+    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in want.items()))
+
+
+def get_text(url: str) -> str:
+    response = httpx.get(url, timeout=5.0, trust_env=False)
+    response.raise_for_status()
+    return response.text
+
+
+def engine_summary(stack: EngineStack) -> dict[str, Any] | None:
+    """The sidecar's /api/engines entry for engine "0", or None."""
+    body = httpx.get(f"{stack.sidecar.url}/api/engines", timeout=5.0, trust_env=False).json()
+    return next((e for e in body["engines"] if e["engine"] == "0"), None)
+
+
+def wait_for_synced_engine(stack: EngineStack, timeout_s: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        summary = engine_summary(stack)
+        if summary is not None and summary["synced"]:
+            return summary
+        if time.monotonic() > deadline:
+            pytest.fail(f"sidecar has no synced engine 0 after {timeout_s:.0f} s: {summary}\n"
+                        f"{stack.sidecar.log_tail()}")
+        time.sleep(0.2)
+
+
+def wait_until_quiet(stack: EngineStack, timeout_s: float = 60.0) -> tuple[str, str]:
+    """Wait until vLLM runs and queues nothing, the sidecar has seen every request end and
+    has scraped vLLM twice since; return (vLLM's exposition, the sidecar's) read then."""
+    deadline = time.monotonic() + timeout_s
+    scrapes_when_quiet: float | None = None
+    while True:
+        vllm_text = get_text(f"{stack.vllm.url}/metrics")
+        side_text = get_text(f"{stack.sidecar.url}/metrics")
+        vllm_idle = (sample(vllm_text, "vllm:num_requests_running", ENGINE) == 0
+                     and sample(vllm_text, "vllm:num_requests_waiting", ENGINE) == 0)
+        scrapes = sample(side_text, "kvscope_vllm_scrapes_total")
+        if not vllm_idle:
+            scrapes_when_quiet = None
+        elif scrapes_when_quiet is None:
+            scrapes_when_quiet = scrapes
+        side_idle = (
+            sample(side_text, "vllm_scheduler_running_requests", ENGINE) == 0
+            and sample(side_text, "vllm_scheduler_waiting_requests", ENGINE) == 0
+            and sample(side_text, "vllm_scheduler_requests_arrived_total", ENGINE)
+            == sample_sum(side_text, "vllm_scheduler_requests_ended_total", ENGINE)
+        )
+        if vllm_idle and side_idle and scrapes >= (scrapes_when_quiet or 0) + 2:
+            return get_text(f"{stack.vllm.url}/metrics"), get_text(f"{stack.sidecar.url}/metrics")
+        if time.monotonic() > deadline:
+            pytest.fail(f"not quiet after {timeout_s:.0f} s (vLLM idle: {vllm_idle}, "
+                        f"sidecar idle: {side_idle})")
+        time.sleep(0.25)
+
+
+class DiffSampler(threading.Thread):
+    """Reads the sidecar's free-blocks reconciliation gauge while a load runs."""
+
+    def __init__(self, url: str, interval_s: float = 0.5) -> None:
+        super().__init__(name="free-blocks-diff-sampler", daemon=True)
+        self.url = url
+        self.interval_s = interval_s
+        self.diffs: list[float] = []
+        self.absent = 0
+        self.errors = 0
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        with httpx.Client(timeout=5.0, trust_env=False) as client:
+            while not self.stop_event.wait(self.interval_s):
+                try:
+                    text = client.get(f"{self.url}/metrics").text
+                    self.diffs.append(
+                        sample(text, "kvscope_reconciliation_free_blocks_diff", ENGINE))
+                except LookupError:  # absent while the ledger is not in sync
+                    self.absent += 1
+                except Exception:  # noqa: BLE001 - counted and reported; never crash a thread
+                    self.errors += 1
+
+
+@pytest.fixture(scope="module")
+def first_engine(engine_stack: EngineStack) -> dict[str, Any]:
+    """Send one completion (the probe attaches on the first scheduler call) and return the
+    sidecar's summary of engine "0" once its ledger is in sync."""
+    response = httpx.post(
+        f"{engine_stack.vllm.url}/v1/completions", timeout=60.0, trust_env=False,
+        json={"model": "tiny", "prompt": "w1 w2 w3 w4", "max_tokens": 8, "ignore_eos": True},
+    )
+    assert response.status_code == 200, response.text
+    return wait_for_synced_engine(engine_stack, timeout_s=30.0)
+
+
+def test_probe_runs_in_the_engine_core_process(engine_stack: EngineStack,
+                                               first_engine: dict[str, Any]) -> None:
+    assert first_engine["num_blocks"] == engine_stack.num_blocks
+    assert first_engine["block_size"] == 32
+    assert first_engine["model"] == "tiny"
+    assert first_engine["vllm_version"] == "0.32.0"
+    assert first_engine["policy"] == "fcfs"
+    pid = first_engine["pid"]
+    assert pid != engine_stack.vllm.pid, "the probe records in the API server, not EngineCore"
+    os.kill(pid, 0)  # alive (raises ProcessLookupError otherwise)
+    assert pid in live_group_pids(engine_stack.vllm.pid), "not one of this server's processes"
+
+
+def test_counts_reconcile_with_vllm_after_a_mixed_load(
+        engine_stack: EngineStack, first_engine: dict[str, Any],
+        record_property: pytest.RecordProperty) -> None:
+    spec = LoadSpec(n_requests=120, concurrency=32, seed=3)
+    sampler = DiffSampler(engine_stack.sidecar.url)
+    sampler.start()
+    try:
+        result = run_load_sync(engine_stack.vllm.url, spec)
+    finally:
+        sampler.stop_event.set()
+        sampler.join(10)
+    assert result.ok == spec.n_requests, result.errors
+
+    started = time.monotonic()
+    vllm_text, side_text = wait_until_quiet(engine_stack)
+    max_diff = max((abs(d) for d in sampler.diffs), default=None)
+    figures = {
+        "load_s": round(result.elapsed_s, 1), "quiet_after_s": round(time.monotonic() - started, 1),
+        "diff_samples": len(sampler.diffs), "diff_absent": sampler.absent,
+        "diff_errors": sampler.errors, "max_abs_free_blocks_diff_under_load": max_diff,
+    }
+
+    vllm_preemptions = sample(vllm_text, "vllm:num_preemptions_total", ENGINE)
+    by_reason = {r: sample(side_text, "vllm_scheduler_preempted_requests_total",
+                           {**ENGINE, "reason": r}) for r in REASONS}
+    usage = sample(vllm_text, "vllm:kv_cache_usage_perc", ENGINE)
+    vllm_free = round((1.0 - usage) * (engine_stack.num_blocks - 1))
+    side_free = sample(side_text, "vllm_scheduler_free_blocks", ENGINE)
+    figures.update(preemptions_vllm=vllm_preemptions, preemptions_kvscope=by_reason,
+                   free_blocks_vllm=vllm_free, free_blocks_kvscope=side_free)
+    for name, value in figures.items():
+        record_property(name, value)
+    print(f"engine reconciliation figures: {figures}")
+
+    assert sum(by_reason.values()) == vllm_preemptions > 0
+    assert by_reason["unknown"] == 0 and by_reason["priority"] == 0  # fcfs: all kv_full
+    assert abs(side_free - vllm_free) <= 1
+    assert sample(side_text, "kvscope_reconciliation_preemptions_diff", ENGINE) == 0
+    assert abs(sample(side_text, "kvscope_reconciliation_free_blocks_diff", ENGINE)) <= 1
+    assert sample(side_text, "kvscope_ledger_synced", ENGINE) == 1
+    assert sample(side_text, "kvscope_ledger_mismatches_total", ENGINE) == 0
+    assert sample(side_text, "kvscope_ledger_gaps_total", ENGINE) == 0
+    assert sample(side_text, "kvscope_probe_records_dropped_total", ENGINE) == 0
+    assert sample(side_text, "kvscope_probe_faults_total", ENGINE) == 0
+    assert sampler.diffs, "the free-blocks diff was never exported during the load"
+
+
+def test_vllm_serves_without_a_sidecar_and_the_probe_reconnects(
+        engine_stack: EngineStack, first_engine: dict[str, Any],
+        record_property: pytest.RecordProperty) -> None:
+    # 1. Nobody listens on the probe's endpoint any more.
+    assert engine_stack.sidecar.stop() == 0, engine_stack.sidecar.log_tail()
+
+    # 2. vLLM serves a bounded load in full; the probe drops its records instead.
+    spec = LoadSpec(n_requests=40, concurrency=16, seed=4)
+    result = run_load_sync(engine_stack.vllm.url, spec)
+    assert result.ok == spec.n_requests, result.errors
+    wanted = [body["max_tokens"] for body in build_requests(spec)]
+    assert [o.completion_tokens for o in result.outcomes] == wanted
+
+    # 3. A new sidecar on the same endpoint learns the engine from the probe's next keyframe,
+    #    which carries the hello: the probe reconnects by itself.
+    engine_stack.sidecar.start()
+    restarted = time.monotonic()
+    deadline = restarted + 15.0
+    summary = engine_summary(engine_stack)
+    seed = 100
+    while summary is None or not summary["synced"]:
+        if time.monotonic() > deadline:
+            pytest.fail(f"no synced engine 0 15 s after the sidecar restarted: {summary}\n"
+                        f"{engine_stack.sidecar.log_tail()}")
+        small = LoadSpec(n_requests=8, concurrency=8, seed=seed, short_fraction=1.0,
+                         max_tokens=(16, 32), timeout_s=30.0)
+        assert run_load_sync(engine_stack.vllm.url, small).ok == small.n_requests
+        seed += 1
+        summary = engine_summary(engine_stack)
+    resynced_s = time.monotonic() - restarted
+    record_property("resynced_after_restart_s", round(resynced_s, 1))
+    print(f"engine 0 in sync {resynced_s:.1f} s after the sidecar restarted")
+    assert summary["session"] == first_engine["session"], "the engine did not restart"
+    assert summary["pid"] == first_engine["pid"]
+
+    _vllm_text, side_text = wait_until_quiet(engine_stack)
+    assert sample(side_text, "kvscope_ledger_synced", ENGINE) == 1
+    assert sample(side_text, "kvscope_ledger_mismatches_total", ENGINE) == 0
+    assert abs(sample(side_text, "kvscope_reconciliation_free_blocks_diff", ENGINE)) <= 1
+    assert sample(side_text, "kvscope_probe_faults_total", ENGINE) == 0
+    # Records sent while nobody listened were dropped and counted, never queued in vLLM.
+    assert sample(side_text, "kvscope_probe_records_dropped_total", ENGINE) > 0

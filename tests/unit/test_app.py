@@ -1,0 +1,47 @@
+"""The HTTP surface: health states and the token guard, through a real ASGI client."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
+
+from kvscope.sidecar.app import create_app
+from kvscope.sidecar.hub import Hub
+from kvscope.sidecar.metrics import KVScopeCollector
+from tests.unit.test_hub import feed, keyframe
+from tests.unit.test_wire import hello, step
+
+
+def client(hub: Hub, **kw: object) -> TestClient:
+    reg = CollectorRegistry()
+    reg.register(KVScopeCollector(hub))
+    return TestClient(create_app(hub, reg, **kw))  # type: ignore[arg-type]
+
+
+def test_healthz_follows_probe_records() -> None:
+    hub = Hub()
+    c = client(hub, health_timeout_s=0.3)
+    r = c.get("/healthz")
+    assert r.status_code == 503 and r.json()["status"] == "no probe record yet"
+    feed(hub, [hello(), step(), keyframe()], 0)
+    assert c.get("/healthz").status_code == 200
+    time.sleep(0.4)
+    r = c.get("/healthz")
+    assert r.status_code == 503 and r.json()["status"] == "probe silent"
+
+
+def test_engines_api_summarises_each_engine() -> None:
+    hub = Hub()
+    feed(hub, [hello(), step(), keyframe()], 0)
+    (e,) = client(hub, health_timeout_s=30).get("/api/engines").json()["engines"]
+    assert (e["engine"], e["num_blocks"], e["synced"], e["free_blocks"]) == ("0", 8, True, 7)
+
+
+def test_token_guards_every_route_but_healthz() -> None:
+    c = client(Hub(), health_timeout_s=30, token="t0k")
+    assert c.get("/metrics").status_code == 401
+    assert c.get("/api/engines", headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert c.get("/metrics", headers={"Authorization": "Bearer t0k"}).status_code == 200
+    assert c.get("/healthz").status_code == 503  # open, and honest: no record yet

@@ -1,0 +1,39 @@
+"""One typed config: flags over environment over defaults, all errors at once."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvscope.config import ConfigError, ServeConfig, from_sources
+
+
+def test_defaults_bind_loopback() -> None:
+    cfg = from_sources({}, env={})
+    assert cfg.host == "127.0.0.1" and cfg.endpoints[0].startswith("ipc://")
+
+
+def test_flag_beats_environment() -> None:
+    env = {"KVSCOPE_PORT": "9000", "KVSCOPE_PROBE_ENDPOINT": "tcp://127.0.0.1:5555,ipc:///x"}
+    cfg = from_sources({"port": 9100}, env=env)
+    assert cfg.port == 9100
+    assert cfg.endpoints == ("tcp://127.0.0.1:5555", "ipc:///x")
+
+
+def test_every_error_is_reported_at_once() -> None:
+    with pytest.raises(ConfigError) as exc:
+        from_sources({"host": "0.0.0.0", "port": 0, "endpoints": ["udp://x"],
+                      "vllm_url": "ftp://x", "log_level": "loud"}, env={})
+    assert len(exc.value.errors) == 5
+    assert any("token" in e for e in exc.value.errors)
+
+
+def test_unreadable_values_are_errors_not_tracebacks() -> None:
+    with pytest.raises(ConfigError) as exc:
+        from_sources({}, env={"KVSCOPE_PORT": "many", "KVSCOPE_HEALTH_TIMEOUT_S": "soon"})
+    assert len(exc.value.errors) == 2
+
+
+def test_token_allows_a_public_bind_and_is_not_in_repr() -> None:
+    cfg = ServeConfig(host="0.0.0.0", token="s3cret")
+    cfg.validate()
+    assert "s3cret" not in repr(cfg)

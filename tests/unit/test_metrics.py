@@ -1,0 +1,81 @@
+"""Layer 1 exposition from a Hub, read back through a fresh registry."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from kvscope import wire
+from kvscope.sidecar.hub import Hub
+from kvscope.sidecar.metrics import KVScopeCollector
+from kvscope.sidecar.vllm_metrics import VllmScraper, parse
+from tests.unit.test_hub import feed, keyframe
+from tests.unit.test_vllm_metrics import TEXT
+from tests.unit.test_wire import hello, step
+
+L = {"engine": "0", "model": "tiny"}
+
+
+def registry_for(hub: Hub, **kw: object) -> CollectorRegistry:
+    reg = CollectorRegistry()
+    reg.register(KVScopeCollector(hub, **kw))  # type: ignore[arg-type]
+    return reg
+
+
+def busy_hub() -> Hub:
+    hub = Hub()
+    feed(hub, [hello(), step(), keyframe()], 0)
+    pre = wire.Preemption("v", 1, 0, 64, 5, 0, "r", 0, 6, "fcfs", "kv_full", 1.0)
+    s = step(ops=[(wire.OP_ALLOC, [1, 2, 4])], new_reqs=[wire.NewReq("a", [[1, 2, 4]], 0)],
+             num_scheduled={"a": 70}, scheduled_tokens=70, free_blocks=4, running=1,
+             waiting=2, head_blocks_needed=9, preemptions=[pre], preempted=["v"])
+    feed(hub, [s], 3)
+    return hub
+
+
+def test_block_state_and_budget_metrics() -> None:
+    reg = registry_for(busy_hub())
+    v = reg.get_sample_value
+    assert v("vllm_scheduler_free_blocks", L) == 4
+    assert v("vllm_scheduler_total_blocks", L) == 7
+    assert v("vllm_scheduler_used_blocks", L) == 3
+    assert v("vllm_scheduler_max_contiguous_free_blocks", L) == 3  # blocks 5, 6, 7
+    assert v("vllm_scheduler_free_block_runs", {**L, "le": "1"}) == 1  # block 3 alone
+    assert v("vllm_scheduler_free_block_runs", {**L, "le": "+Inf"}) == 2
+    assert v("vllm_scheduler_tail_waste_tokens", L) == 3 * 32 - 70
+    assert abs(v("vllm_scheduler_kv_token_occupancy_ratio", L) - 70 / 96) < 1e-12
+    assert v("vllm_scheduler_preempted_requests_total", {**L, "reason": "kv_full"}) == 1
+    assert v("vllm_scheduler_preempted_requests_total", {**L, "reason": "unknown"}) == 0
+    assert v("vllm_scheduler_scheduled_tokens_total", L) == 70
+    assert v("vllm_scheduler_token_budget_tokens_total", L) == 1024
+    assert v("vllm_scheduler_waiting_head_blocks_needed", L) == 9
+    assert v("kvscope_ledger_synced", L) == 1
+    assert v("kvscope_probe_records_received_total") == 4
+
+
+def test_stale_ledger_exports_no_block_gauges() -> None:
+    hub = busy_hub()
+    feed(hub, [step()], 10)  # a gap
+    reg = registry_for(hub)
+    assert reg.get_sample_value("kvscope_ledger_synced", L) == 0
+    assert reg.get_sample_value("vllm_scheduler_free_blocks", L) is None
+    assert reg.get_sample_value("vllm_scheduler_preempted_requests_total",
+                                {**L, "reason": "kv_full"}) == 1
+
+
+def test_coarse_mode_and_reconciliation_from_vllm_metrics() -> None:
+    scraper = VllmScraper("http://127.0.0.1:1")
+    scraper.latest = parse(TEXT)
+    reg = registry_for(Hub(), vllm=scraper)
+    assert reg.get_sample_value("kvscope_engine_coarse", L) == 1
+    assert reg.get_sample_value("vllm_scheduler_free_blocks", L) == 35
+    hub = busy_hub()
+    reg = registry_for(hub, vllm=scraper)
+    assert reg.get_sample_value("kvscope_engine_coarse", L) is None
+    assert reg.get_sample_value("kvscope_reconciliation_preemptions_diff", L) == 1 - 25
+    assert reg.get_sample_value("kvscope_reconciliation_free_blocks_diff", L) == 4 - 35
+
+
+def test_exposition_has_help_for_every_family() -> None:
+    text = generate_latest(registry_for(busy_hub())).decode()
+    helps = [ln for ln in text.splitlines() if ln.startswith("# HELP")]
+    assert helps and all(len(h.split(" ", 3)) == 4 for h in helps)

@@ -1,0 +1,70 @@
+"""The wire contract: round trips, and every kind of bad frame is refused with a reason."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvscope import wire
+
+
+def hello(**kw: object) -> wire.Hello:
+    base = dict(engine="0", session="s1", pid=1, vllm_version="0.32.0", model="tiny",
+                num_blocks=8, block_size=32, kv_groups=[wire.KVGroup("FullAttentionSpec", 32)],
+                token_budget=512, max_num_batched_tokens=512, max_num_seqs=4,
+                policy="fcfs", prefix_caching=True, ts=1.0)
+    base.update(kw)
+    return wire.Hello(**base)  # type: ignore[arg-type]
+
+
+def step(**kw: object) -> wire.Step:
+    base = dict(ts=1.0, ops=[], new_reqs=[], cached_reqs=[], num_scheduled={}, finished=[],
+                preempted=[], preemptions=[], arrivals=[], ends=[], scheduled_tokens=0,
+                token_budget=512, running=0, waiting=0, head_blocks_needed=0, free_blocks=7,
+                schedule_ns=1000, probe_ns=100)
+    base.update(kw)
+    return wire.Step(**base)  # type: ignore[arg-type]
+
+
+def frame(records: list[wire.Record], first_seq: int = 0) -> wire.Frame:
+    return wire.Frame(engine="0", session="s1", first_seq=first_seq, dropped=0, faults=0,
+                      records=records)
+
+
+def test_round_trip_keeps_every_record_kind() -> None:
+    kf = wire.Keyframe(hello=hello(), states=bytes([3, 0, 1, 2, 2, 0, 0, 0]),
+                       tables={"r1": [[3, 4]]}, tokens={"r1": 40})
+    s = step(ops=[(wire.OP_ALLOC, [3, 4])], new_reqs=[wire.NewReq("r1", [[3, 4]], 0)],
+             num_scheduled={"r1": 40}, arrivals=[wire.Arrival("r1", 40, 16, 0, 1.0)])
+    f = frame([hello(), s, kf])
+    got = wire.decode(wire.encode(f))
+    assert got == f
+    assert isinstance(got.records[2], wire.Keyframe)
+
+
+@pytest.mark.parametrize(
+    ("parts", "reason"),
+    [
+        ([b"kvscope/1"], "parts"),
+        ([b"kvscope/1", b"x", b"y"], "parts"),
+        ([b"other", b""], "tag"),
+        ([b"kvscope/2", b""], "version"),
+        ([b"kvscope/1", b"\xff\x00garbage"], "malformed"),
+        ([b"kvscope/1", msgspec.msgpack.encode(["0", "s", "not-an-int", 0, 0, []])], "malformed"),
+    ],
+)
+def test_bad_frames_are_refused_with_a_reason(parts: list[bytes], reason: str) -> None:
+    with pytest.raises(wire.WireError) as exc:
+        wire.decode(parts)
+    assert exc.value.reason == reason
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=512))
+def test_arbitrary_bytes_never_escape_as_anything_but_wire_error(body: bytes) -> None:
+    try:
+        wire.decode([wire.VERSION_TAG, body])
+    except wire.WireError:
+        pass
