@@ -84,17 +84,18 @@ def wait_until_quiet(stack: EngineStack, timeout_s: float = 60.0) -> tuple[str, 
             scrapes_when_quiet = None
         elif scrapes_when_quiet is None:
             scrapes_when_quiet = scrapes
-        side_idle = (
-            sample(side_text, "vllm_scheduler_running_requests", ENGINE) == 0
-            and sample(side_text, "vllm_scheduler_waiting_requests", ENGINE) == 0
-            and sample(side_text, "vllm_scheduler_requests_arrived_total", ENGINE)
-            == sample_sum(side_text, "vllm_scheduler_requests_ended_total", ENGINE)
-        )
+        side = {
+            "running": sample(side_text, "vllm_scheduler_running_requests", ENGINE),
+            "waiting": sample(side_text, "vllm_scheduler_waiting_requests", ENGINE),
+            "arrived": sample(side_text, "vllm_scheduler_requests_arrived_total", ENGINE),
+            "ended": sample_sum(side_text, "vllm_scheduler_requests_ended_total", ENGINE),
+        }
+        side_idle = side["running"] == side["waiting"] == 0 and side["arrived"] == side["ended"]
         if vllm_idle and side_idle and scrapes >= (scrapes_when_quiet or 0) + 2:
             return get_text(f"{stack.vllm.url}/metrics"), get_text(f"{stack.sidecar.url}/metrics")
         if time.monotonic() > deadline:
-            pytest.fail(f"not quiet after {timeout_s:.0f} s (vLLM idle: {vllm_idle}, "
-                        f"sidecar idle: {side_idle})")
+            pytest.fail(f"not quiet after {timeout_s:.0f} s: vLLM idle {vllm_idle}, "
+                        f"sidecar {side}")
         time.sleep(0.25)
 
 
@@ -168,6 +169,7 @@ def test_counts_reconcile_with_vllm_after_a_mixed_load(
         "load_s": round(result.elapsed_s, 1), "quiet_after_s": round(time.monotonic() - started, 1),
         "diff_samples": len(sampler.diffs), "diff_absent": sampler.absent,
         "diff_errors": sampler.errors, "max_abs_free_blocks_diff_under_load": max_diff,
+        "free_blocks_diffs_under_load": sampler.diffs,
     }
 
     vllm_preemptions = sample(vllm_text, "vllm:num_preemptions_total", ENGINE)

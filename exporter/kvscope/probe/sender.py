@@ -19,6 +19,8 @@ from kvscope.probe.recorder import Recorder
 log = logging.getLogger("kvscope.probe")
 
 MAX_BATCH = 128
+CONNECT_GRACE_MS = 1000
+"""How long the sender waits, once, for its first connection before it starts sending."""
 
 
 def to_record(item: tuple[Any, ...]) -> wire.Record:
@@ -113,12 +115,21 @@ class Sender(threading.Thread):
         return sock
 
     def run(self) -> None:
+        import zmq
+
         try:
             self._sock = self._socket()
         except Exception as exc:  # noqa: BLE001
             log.warning("kvscope probe: cannot open %s (%r); recording off", self.endpoint, exc)
             self.rec.enabled = False
             return
+        # connect() completes in the background and IMMEDIATE makes a send fail until it
+        # has: without this wait the first frame (the hello) was always dropped and counted.
+        # A sidecar that is not there costs one wait on this thread, never on vLLM's.
+        try:
+            self._sock.poll(CONNECT_GRACE_MS, zmq.POLLOUT)
+        except Exception as exc:  # noqa: BLE001
+            self.rec.fault("sender", exc)
         idle = 0.002
         while not self.stop_event.is_set():
             try:
@@ -128,7 +139,10 @@ class Sender(threading.Thread):
                 n = 0
             idle = 0.001 if n else min(idle * 2, 0.05)
             time.sleep(idle)
-        self.drain_once()
+        deadline = time.monotonic() + 2.0  # flush what is left, boundedly
+        while self.rec.ring and time.monotonic() < deadline:
+            self.drain_once()
+        self._sock.close(0)
 
     def drain_once(self) -> int:
         """Send what the ring holds now; return how many entries were handled."""

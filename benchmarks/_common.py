@@ -1,0 +1,168 @@
+"""Helpers shared by the benchmarks: percentiles, a ``kvscope serve`` subprocess, the
+machine-wide vLLM lock, and reading the sidecar's HTTP API.
+
+Nothing here imports vLLM, so an orchestrating process stays light.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvscope.localvllm.server import HOST, free_port
+
+VLLM_LOCK_PATH = Path("/tmp/kvscope-vllm.lock")
+"""Held for the whole life of every vLLM server, by these benchmarks and the engine tests."""
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in 0..1) of unsorted ``values``; 0.0 when empty."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return float(ordered[min(len(ordered) - 1, max(math.ceil(q * len(ordered)) - 1, 0))])
+
+
+def median(values: Sequence[float]) -> float:
+    return percentile(values, 0.5)
+
+
+def machine_noise() -> dict[str, Any]:
+    """Load average and vLLM processes alive now: context for reading the figures."""
+    others = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "vllm.entrypoints" in text or "EngineCore" in text:
+            others.append(int(cmdline.parent.name))
+    return {"loadavg_1m": os.getloadavg()[0], "vllm_pids": sorted(others)}
+
+
+@contextlib.contextmanager
+def vllm_lock(wait_s: float = 3600.0) -> Iterator[float]:
+    """Hold the exclusive machine lock that lets one vLLM server run at a time.
+
+    Yields the seconds spent waiting for it.
+    """
+    with VLLM_LOCK_PATH.open("a") as f:
+        started = time.monotonic()
+        said = False
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not said:
+                    print(f"  waiting for {VLLM_LOCK_PATH} ...", file=sys.stderr, flush=True)
+                    said = True
+                if time.monotonic() - started > wait_s:
+                    raise TimeoutError(f"{VLLM_LOCK_PATH} busy for {wait_s:.0f} s") from None
+                time.sleep(0.5)
+        try:
+            yield time.monotonic() - started
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+class Sidecar:
+    """``kvscope serve`` as a subprocess in its own process group, on a free port."""
+
+    def __init__(self, endpoint: str, log_path: Path) -> None:
+        self.endpoint = endpoint
+        self.port = free_port()
+        self.url = f"http://{HOST}:{self.port}"
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, ready_timeout_s: float = 30.0) -> None:
+        argv = [sys.executable, "-m", "kvscope", "serve", "--endpoint", self.endpoint,
+                "--port", str(self.port), "--log-level", "warning"]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KVSCOPE_")}
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, env=env,
+                                         start_new_session=True)
+        deadline = time.monotonic() + ready_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"kvscope serve exited with {self.proc.returncode}; "
+                                   f"see {self.log_path}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/api/engines", timeout=2.0,
+                             trust_env=False).status_code == 200:
+                    return
+            time.sleep(0.2)
+        self.stop()
+        raise TimeoutError(f"kvscope serve not answering after {ready_timeout_s:.0f} s")
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the sidecar has used so far."""
+        assert self.proc is not None
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM the group, SIGKILL it after ``timeout_s``; reap. Idempotent."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def sidecar_engine(url: str, engine: str) -> dict[str, Any] | None:
+    """The sidecar's ``/api/engines`` entry for ``engine``, or None."""
+    body = httpx.get(f"{url}/api/engines", timeout=10.0, trust_env=False).json()
+    return next((e for e in body["engines"] if e["engine"] == engine), None)
+
+
+def wait_engine_steps(url: str, engine: str, steps: int | None,
+                      timeout_s: float = 60.0) -> dict[str, Any] | None:
+    """Poll until the sidecar has ``steps`` steps of ``engine`` (None: until the count
+    stops moving); return its summary, or the last one seen at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    last: dict[str, Any] | None = None
+    while time.monotonic() < deadline:
+        seen = sidecar_engine(url, engine)
+        if seen is not None:
+            if steps is not None and seen["steps"] >= steps:
+                return seen
+            if steps is None and last is not None and seen["steps"] == last["steps"]:
+                return seen
+        last = seen
+        time.sleep(0.5)
+    return last
+
+
+def scrape(url: str) -> dict[tuple[str, str], float]:
+    """A Prometheus exposition as ``{(sample name, engine label or ""): value}``."""
+    text = httpx.get(f"{url}/metrics", timeout=10.0, trust_env=False).text
+    out: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, s.labels.get("engine", ""))] = s.value
+    return out
+
+
+def fmt_us(ns: float) -> str:
+    return f"{ns / 1000:.1f}"

