@@ -8,6 +8,7 @@ sidecar that has watched the engine since its first step; the last test stops it
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -95,7 +96,7 @@ def wait_until_quiet(stack: EngineStack, timeout_s: float = 60.0) -> tuple[str, 
             return get_text(f"{stack.vllm.url}/metrics"), get_text(f"{stack.sidecar.url}/metrics")
         if time.monotonic() > deadline:
             pytest.fail(f"not quiet after {timeout_s:.0f} s: vLLM idle {vllm_idle}, "
-                        f"sidecar {side}")
+                        f"sidecar {side}, engine 0: {engine_summary(stack)}")
         time.sleep(0.25)
 
 
@@ -201,7 +202,8 @@ def test_vllm_serves_without_a_sidecar_and_the_probe_reconnects(
         engine_stack: EngineStack, first_engine: dict[str, Any],
         record_property: pytest.RecordProperty) -> None:
     # 1. Nobody listens on the probe's endpoint any more.
-    assert engine_stack.sidecar.stop() == 0, engine_stack.sidecar.log_tail()
+    # uvicorn shuts down gracefully, then re-raises the SIGTERM it caught: -15, not -9.
+    assert engine_stack.sidecar.stop() in (0, -signal.SIGTERM), engine_stack.sidecar.log_tail()
 
     # 2. vLLM serves a bounded load in full; the probe drops its records instead.
     spec = LoadSpec(n_requests=40, concurrency=16, seed=4)

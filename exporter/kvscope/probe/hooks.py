@@ -61,8 +61,43 @@ def missing_members() -> list[str]:
     return missing
 
 
+def _before(orig: Callable[..., Any], handler: str) -> Callable[..., Any]:
+    """Record facts about the first argument, then call vLLM's method."""
+
+    def wrapper(self: Any, arg: Any, *args: Any, **kwargs: Any) -> Any:
+        rec = self._kvscope
+        if rec is not None and rec.enabled:
+            try:
+                getattr(rec, handler)(arg)
+            except Exception as exc:  # noqa: BLE001
+                rec.fault(orig.__name__, exc)
+        return orig(self, arg, *args, **kwargs)
+
+    return wrapper
+
+
+def _after(orig: Callable[..., Any], handler: str, *, result: bool) -> Callable[..., Any]:
+    """Call vLLM's method, then record its result (or its first argument, materialised
+    first so an iterator is not consumed twice)."""
+
+    def wrapper(self: Any, arg: Any, *args: Any, **kwargs: Any) -> Any:
+        rec = self._kvscope
+        if rec is None or not rec.enabled:
+            return orig(self, arg, *args, **kwargs)
+        if not result:
+            arg = list(arg)
+        ret = orig(self, arg, *args, **kwargs)
+        try:
+            getattr(rec, handler)(ret if result else arg)
+        except Exception as exc:  # noqa: BLE001
+            rec.fault(orig.__name__, exc)
+        return ret
+
+    return wrapper
+
+
 def _scheduler_hooks(cls: Any, attach: Callable[[Any], Recorder | None]) -> None:
-    o_schedule, o_preempt = cls.schedule, cls._preempt_request
+    o_schedule = cls.schedule
 
     def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
         rec = self._kvscope
@@ -83,28 +118,23 @@ def _scheduler_hooks(cls: Any, attach: Callable[[Any], Recorder | None]) -> None
             rec.fault("schedule", exc)
         return out
 
-    def _preempt_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        rec = self._kvscope
-        if rec is not None and rec.enabled:
-            try:
-                rec.on_preempt(request)
-            except Exception as exc:  # noqa: BLE001
-                rec.fault("_preempt_request", exc)
-        return o_preempt(self, request, *args, **kwargs)
-
-    cls.schedule, cls._preempt_request = schedule, _preempt_request
+    cls.schedule = schedule
+    cls._preempt_request = _before(cls._preempt_request, "on_preempt")
     cls._kvscope = None
-
+    if callable(getattr(cls, "_free_request", None)):
+        cls._free_request = _before(cls._free_request, "on_end")
     if callable(getattr(cls, "add_request", None)):
         o_add = cls.add_request
 
         def add_request(self: Any, request: Any) -> Any:
             known = request.request_id in self.requests
             ret = o_add(self, request)
+            if known:
+                return ret
             rec = self._kvscope
-            if rec is None and not known:
+            if rec is None:
                 rec = attach(self)
-            if rec is not None and rec.enabled and not known:
+            if rec is not None and rec.enabled:
                 try:
                     rec.on_arrival(request)
                 except Exception as exc:  # noqa: BLE001
@@ -113,95 +143,33 @@ def _scheduler_hooks(cls: Any, attach: Callable[[Any], Recorder | None]) -> None
 
         cls.add_request = add_request
 
-    if callable(getattr(cls, "_free_request", None)):
-        o_free_req = cls._free_request
-
-        def _free_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-            rec = self._kvscope
-            if rec is not None and rec.enabled:
-                try:
-                    rec.on_end(request)
-                except Exception as exc:  # noqa: BLE001
-                    rec.fault("_free_request", exc)
-            return o_free_req(self, request, *args, **kwargs)
-
-        cls._free_request = _free_request
-
 
 def _pool_hooks(cls: Any) -> None:
-    o_new, o_touch = cls.get_new_blocks, cls.touch
-    o_free, o_unpin = cls.free_blocks, cls.unpin_blocks
-
-    def get_new_blocks(self: Any, num_blocks: int) -> Any:
-        ret = o_new(self, num_blocks)
-        rec = self._kvscope
-        if rec is not None and rec.enabled:
-            try:
-                rec.on_alloc(ret)
-            except Exception as exc:  # noqa: BLE001
-                rec.fault("get_new_blocks", exc)
-        return ret
+    o_touch = cls.touch
 
     def touch(self: Any, blocks: Any) -> Any:
         rec = self._kvscope
-        if rec is not None and rec.enabled:
+        if rec is None or not rec.enabled:
+            return o_touch(self, blocks)
+        try:  # blocks leaving the free queue: ref_cnt 0 before the touch
+            taken = [b for b in blocks if b.ref_cnt == 0 and not b.is_null]
+        except Exception as exc:  # noqa: BLE001
+            rec.fault("touch", exc)
+            taken = []
+        ret = o_touch(self, blocks)
+        if taken:
             try:
-                taken = [b for b in blocks if b.ref_cnt == 0 and not b.is_null]
+                rec.on_alloc(taken)
             except Exception as exc:  # noqa: BLE001
                 rec.fault("touch", exc)
-                taken = []
-            ret = o_touch(self, blocks)
-            if taken:
-                try:
-                    rec.on_alloc(taken)
-                except Exception as exc:  # noqa: BLE001
-                    rec.fault("touch", exc)
-            return ret
-        return o_touch(self, blocks)
-
-    def free_blocks(self: Any, ordered_blocks: Any) -> Any:
-        rec = self._kvscope
-        if rec is None or not rec.enabled:
-            return o_free(self, ordered_blocks)
-        blocks = list(ordered_blocks)
-        ret = o_free(self, blocks)
-        try:
-            rec.on_free(blocks)
-        except Exception as exc:  # noqa: BLE001
-            rec.fault("free_blocks", exc)
         return ret
 
-    def unpin_blocks(self: Any, blocks: Any, *args: Any, **kwargs: Any) -> Any:
-        rec = self._kvscope
-        if rec is None or not rec.enabled:
-            return o_unpin(self, blocks, *args, **kwargs)
-        blocks = list(blocks)
-        ret = o_unpin(self, blocks, *args, **kwargs)
-        try:
-            rec.on_free(blocks)
-        except Exception as exc:  # noqa: BLE001
-            rec.fault("unpin_blocks", exc)
-        return ret
-
-    cls.get_new_blocks, cls.touch = get_new_blocks, touch
-    cls.free_blocks, cls.unpin_blocks = free_blocks, unpin_blocks
-    cls._kvscope = None
-
+    cls.touch = touch
+    cls.get_new_blocks = _after(cls.get_new_blocks, "on_alloc", result=True)
+    cls.free_blocks = _after(cls.free_blocks, "on_free", result=False)
+    cls.unpin_blocks = _after(cls.unpin_blocks, "on_free", result=False)
     if callable(getattr(cls, "evict_blocks", None)):
-        o_evict = cls.evict_blocks
-
-        def evict_blocks(self: Any, block_ids: Any) -> Any:
-            ret = o_evict(self, block_ids)
-            rec = self._kvscope
-            if rec is not None and rec.enabled:
-                try:
-                    rec.on_uncache(block_ids)
-                except Exception as exc:  # noqa: BLE001
-                    rec.fault("evict_blocks", exc)
-            return ret
-
-        cls.evict_blocks = evict_blocks
-
+        cls.evict_blocks = _after(cls.evict_blocks, "on_uncache", result=False)
     if callable(getattr(cls, "reset_prefix_cache", None)):
         o_reset = cls.reset_prefix_cache
 
@@ -216,6 +184,7 @@ def _pool_hooks(cls: Any) -> None:
             return ok
 
         cls.reset_prefix_cache = reset_prefix_cache
+    cls._kvscope = None
 
 
 def _coordinator_hooks(cls: Any) -> None:
