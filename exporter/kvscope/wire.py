@@ -156,6 +156,8 @@ class Step(msgspec.Struct, tag="step", array_like=True, frozen=True):
     head_blocks_needed: int
     """Blocks the head of the waiting queue needs for its whole current sequence,
     before prefix-cache hits (an upper bound); 0 when nothing waits."""
+    head_req_id: str
+    """The request at the head of the waiting queue ("" when nothing waits)."""
     free_blocks: int
     """The pool's own free count after the step, a check for the ledger."""
     schedule_ns: int

@@ -22,7 +22,8 @@ def hello(**kw: object) -> wire.Hello:
 def step(**kw: object) -> wire.Step:
     base = dict(ts=1.0, ops=[], new_reqs=[], cached_reqs=[], num_scheduled={}, finished=[],
                 preempted=[], preemptions=[], arrivals=[], ends=[], scheduled_tokens=0,
-                token_budget=512, running=0, waiting=0, head_blocks_needed=0, free_blocks=7,
+                token_budget=512, running=0, waiting=0, head_blocks_needed=0, head_req_id="",
+                free_blocks=7,
                 schedule_ns=1000, probe_ns=100)
     base.update(kw)
     return wire.Step(**base)  # type: ignore[arg-type]

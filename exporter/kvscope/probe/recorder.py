@@ -230,12 +230,14 @@ class Recorder:
             )
         )
 
-    def head_blocks_needed(self) -> int:
+    def waiting_head(self) -> tuple[int, str]:
+        """Blocks the head of the waiting queue needs (before prefix hits), its ID."""
         waiting = self.sched.waiting
         if not waiting:
-            return 0
-        n = waiting.peek_request().num_tokens
-        return sum(_cdiv(n, bs) for bs in self.group_block_sizes)
+            return 0, ""
+        req = waiting.peek_request()
+        n = req.num_tokens
+        return sum(_cdiv(n, bs) for bs in self.group_block_sizes), req.request_id
 
     def on_step(self, out: Any, schedule_ns: int, t_end: int) -> None:
         """After schedule(): one ring entry; a keyframe when due or after a gap."""
@@ -252,7 +254,7 @@ class Recorder:
                 out,
                 len(sched.running),
                 len(sched.waiting),
-                self.head_blocks_needed(),
+                self.waiting_head(),
                 self.pool.get_num_free_blocks(),
                 schedule_ns,
                 self.last_probe_ns,

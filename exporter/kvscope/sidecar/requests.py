@@ -1,0 +1,304 @@
+"""Layers 2 and 4: per-request traces, lifecycle events, decisions and per-second rollups.
+
+A ``RequestTracker`` listens to EngineState events (it runs on the receiver thread, after
+the ledger has applied each step) and emits rows from ``kvscope.sinks.rows`` to one
+callable. It keeps a little state per live request, bounded: requests whose end never
+arrives (a gap) are evicted oldest first and counted.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvscope import wire
+from kvscope.sidecar.engine import EngineState, PreemptionSeen
+from kvscope.sinks.rows import RequestEvent, RequestTrace, SchedulerDecision, StepStat
+
+Emit = Callable[[Any], None]
+MAX_LIVE_REQUESTS = 100_000
+BLOCKED_REPEAT_S = 10.0
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass
+class _Live:
+    """What is known of one request between its arrival and its end."""
+
+    arrival_ts: float
+    prompt_len: int = 0
+    max_tokens: int = 0
+    admitted_ts: float = -1.0
+    first_token_ts: float = -1.0
+    free_at_alloc: int = -1
+    maxrun_at_alloc: int = -1
+    cached_tokens: int = -1
+    blocks: int = 0
+    peak_blocks: int = 0
+    fragments: int = 0
+    last_ids: list[int] = field(default_factory=list)
+    preemptions: int = 0
+    last_reason: str = ""
+    lost_tokens: int = 0
+    recomputed: int = 0
+
+
+@dataclass
+class _Second:
+    """Accumulates one engine-second of steps for StepStat."""
+
+    start: float
+    steps: int = 0
+    scheduled: int = 0
+    budget: int = 0
+    min_free: int = -1
+    sum_free: int = 0
+    free_samples: int = 0
+    min_maxrun: int = -1
+    max_used: int = 0
+    sum_running: int = 0
+    max_waiting: int = 0
+    preemptions: int = 0
+
+
+class RequestTracker:
+    """Turns one engine stream into rows; register ``on_event`` as a Hub listener."""
+
+    def __init__(self, emit: Emit) -> None:
+        self.emit = emit
+        self.live: dict[str, OrderedDict[str, _Live]] = {}
+        self.seconds: dict[str, _Second] = {}
+        self.blocked_since: dict[str, float] = {}
+        self.evicted = 0
+
+    # -- dispatch -----------------------------------------------------------------
+    def on_event(self, kind: str, st: EngineState, payload: object) -> None:
+        if kind == "hello":
+            self.live[st.engine] = OrderedDict()
+            self.seconds.pop(st.engine, None)
+        elif kind == "step":
+            self._step(st, payload)  # type: ignore[arg-type]
+        elif kind == "preemption":
+            self._preemption(st, payload)  # type: ignore[arg-type]
+
+    def _reqs(self, st: EngineState) -> OrderedDict[str, _Live]:
+        return self.live.setdefault(st.engine, OrderedDict())
+
+    def _event(self, st: EngineState, ts: float, rid: str, event: str, **kw: Any) -> None:
+        led = st.ledger
+        self.emit(RequestEvent(
+            ts=ts, model=st.hello.model, engine=st.engine, request_id=rid, event=event,
+            step=st.counters.steps, blocks=kw.pop("blocks", -1),
+            total_blocks=kw.pop("total_blocks", -1),
+            free_blocks=kw.pop("free_blocks", led.free if led.synced else -1),
+            max_contiguous_free=kw.pop("max_contiguous_free", -1),
+            tokens=kw.pop("tokens", -1), **kw))
+
+    def _decision(self, st: EngineState, ts: float, decision: str, rid: str, msg: str,
+                  **kw: Any) -> None:
+        self.emit(SchedulerDecision(
+            ts=ts, model=st.hello.model, engine=st.engine, decision=decision, request_id=rid,
+            reason=kw.get("reason", ""), blocks_needed=kw.get("blocks_needed", -1),
+            free_blocks=kw.get("free_blocks", -1), max_contiguous_free=kw.get("maxrun", -1),
+            tokens=kw.get("tokens", -1), policy=st.hello.policy, msg=msg))
+
+    # -- steps ----------------------------------------------------------------------
+    def _step(self, st: EngineState, s: wire.Step) -> None:
+        reqs = self._reqs(st)
+        led = st.ledger
+        free = led.free if led.synced else -1
+        for a in s.arrivals:
+            reqs[a.req_id] = _Live(a.arrival_time, a.prompt_len, a.max_tokens)
+            self._event(st, a.arrival_time, a.req_id, "queued", tokens=0)
+        maxrun = led.max_contiguous_free() if (s.new_reqs and led.synced) else -1
+        for r in s.new_reqs:
+            live = reqs.get(r.req_id) or reqs.setdefault(r.req_id, _Live(s.ts))
+            first = live.admitted_ts < 0
+            if first:
+                live.admitted_ts, live.free_at_alloc, live.maxrun_at_alloc = s.ts, free, maxrun
+                live.cached_tokens = r.computed_tokens
+            self._set_table(live, r.block_ids)
+            tokens = r.computed_tokens + s.num_scheduled.get(r.req_id, 0)
+            self._event(st, s.ts, r.req_id, "admitted" if first else "resumed",
+                        blocks=live.blocks, total_blocks=live.blocks, free_blocks=free,
+                        max_contiguous_free=maxrun, tokens=tokens)
+            if not first:
+                self._resumed(st, s, live, r.req_id, r.computed_tokens)
+            self._first_token(live, s.ts, tokens)
+        for c in s.cached_reqs:
+            live = reqs.get(c.req_id)
+            if live is None:
+                continue
+            tokens = c.computed_tokens + s.num_scheduled.get(c.req_id, 0)
+            if c.resumed:
+                self._set_table(live, c.new_block_ids or [])
+                self._event(st, s.ts, c.req_id, "resumed", blocks=live.blocks,
+                            total_blocks=live.blocks, free_blocks=free, tokens=tokens)
+                self._resumed(st, s, live, c.req_id, c.computed_tokens)
+            elif c.new_block_ids and any(c.new_block_ids):
+                n = self._extend_table(live, c.new_block_ids)
+                self._event(st, s.ts, c.req_id, "allocated", blocks=n,
+                            total_blocks=live.blocks, free_blocks=free, tokens=tokens)
+            self._first_token(live, s.ts, tokens)
+        for e in s.ends:
+            self._end(st, e, reqs.pop(e.req_id, None))
+        self._admission(st, s)
+        self._rollup(st, s)
+        while len(reqs) > MAX_LIVE_REQUESTS:
+            reqs.popitem(last=False)
+            self.evicted += 1
+
+    def _first_token(self, live: _Live, ts: float, tokens: int) -> None:
+        if live.first_token_ts < 0 and live.prompt_len and tokens >= live.prompt_len:
+            live.first_token_ts = ts
+
+    def _set_table(self, live: _Live, groups: list[list[int]]) -> None:
+        live.blocks = sum(len(g) for g in groups)
+        live.fragments = 0
+        live.last_ids = []
+        for ids in groups:
+            live.fragments += sum(1 for i, b in enumerate(ids) if i == 0 or b != ids[i - 1] + 1)
+            live.last_ids.append(ids[-1] if ids else -2)
+        live.peak_blocks = max(live.peak_blocks, live.blocks)
+
+    def _extend_table(self, live: _Live, groups: list[list[int]]) -> int:
+        added = 0
+        while len(live.last_ids) < len(groups):
+            live.last_ids.append(-2)
+        for g, ids in enumerate(groups):
+            prev = live.last_ids[g]
+            for b in ids:
+                live.fragments += b != prev + 1
+                prev = b
+            live.last_ids[g] = prev
+            added += len(ids)
+        live.blocks += added
+        live.peak_blocks = max(live.peak_blocks, live.blocks)
+        return added
+
+    def _resumed(self, st: EngineState, s: wire.Step, live: _Live, rid: str, hits: int) -> None:
+        redo = max(0, live.lost_tokens - hits)
+        live.recomputed += redo
+        live.lost_tokens = 0
+        self._decision(st, s.ts, "resume", rid,
+                       f"Resuming request {rid} after preemption, recomputing {redo} tokens "
+                       f"blocks={live.blocks}", tokens=redo,
+                       free_blocks=st.ledger.free if st.ledger.synced else -1)
+
+    def _preemption(self, st: EngineState, p: PreemptionSeen) -> None:
+        f = p.fact
+        live = self._reqs(st).get(f.victim)
+        if live is not None:
+            live.preemptions += 1
+            live.last_reason = f.reason
+            live.lost_tokens = f.computed_tokens_lost
+            live.blocks = 0
+            live.last_ids = []
+        maxrun = -1 if p.max_contiguous_free is None else p.max_contiguous_free
+        needed = -1 if f.blocks_needed is None else f.blocks_needed
+        self._event(st, f.ts, f.victim, "preempted", blocks=f.victim_blocks, total_blocks=0,
+                    free_blocks=f.free_blocks, max_contiguous_free=maxrun,
+                    tokens=f.computed_tokens_lost, reason=f.reason,
+                    detail=f"requester={f.requester or ''} blocks_needed={needed}")
+        self._decision(st, f.ts, "preempt", f.victim,
+                       f"Preempting request {f.victim} due to {f.reason} "
+                       f"free_blocks={f.free_blocks} max_contiguous={maxrun} "
+                       f"blocks_needed={needed}",
+                       reason=f.reason, blocks_needed=needed, free_blocks=f.free_blocks,
+                       maxrun=maxrun, tokens=f.computed_tokens_lost)
+
+    def _end(self, st: EngineState, e: wire.End, live: _Live | None) -> None:
+        aborted = e.status == "FINISHED_ABORTED"
+        self._event(st, e.ts, e.req_id, "aborted" if aborted else "finished",
+                    tokens=e.prompt_len + e.output_len, detail=e.status)
+        self._decision(st, e.ts, "abort" if aborted else "finish", e.req_id,
+                       f"{'Aborted' if aborted else 'Finished'} request {e.req_id} "
+                       f"status={e.status} output_tokens={e.output_len} "
+                       f"preemptions={e.num_preemptions}", tokens=e.output_len)
+        if live is None:
+            return
+        groups = st.hello.kv_groups
+        arrival = live.arrival_ts
+        self.emit(RequestTrace(
+            ts=e.ts, model=st.hello.model, engine=st.engine, request_id=e.req_id,
+            prompt_len=e.prompt_len, max_gen_len=live.max_tokens, output_len=e.output_len,
+            required_blocks=sum(_cdiv(e.prompt_len + e.output_len, g.block_size)
+                                for g in groups),
+            allocated_blocks=live.peak_blocks,
+            contiguous_allocated=live.fragments == len(groups) and live.peak_blocks > 0,
+            block_fragments=live.fragments,
+            preempt_count=e.num_preemptions, preempt_reason=live.last_reason,
+            recomputed_tokens=live.recomputed,
+            cached_tokens=live.cached_tokens if live.cached_tokens >= 0 else e.cached_tokens,
+            free_blocks_at_alloc=live.free_at_alloc,
+            max_contiguous_free_blocks_at_alloc=live.maxrun_at_alloc,
+            arrival_ts=arrival,
+            queue_seconds=live.admitted_ts - arrival if live.admitted_ts >= 0 else -1.0,
+            first_token_seconds=(live.first_token_ts - arrival
+                                 if live.first_token_ts >= 0 else -1.0),
+            e2e_seconds=e.ts - arrival, finish_reason=e.status))
+
+    # -- admission and rollups ---------------------------------------------------------
+    def _admission(self, st: EngineState, s: wire.Step) -> None:
+        led = st.ledger
+        blocked = (s.waiting > 0 and not s.new_reqs and led.synced
+                   and s.head_blocks_needed > led.free)
+        if not blocked:
+            self.blocked_since.pop(st.engine, None)
+            return
+        last = self.blocked_since.get(st.engine)
+        if last is not None and s.ts - last < BLOCKED_REPEAT_S:
+            return
+        self.blocked_since[st.engine] = s.ts
+        self._decision(st, s.ts, "admission_blocked", s.head_req_id,
+                       f"Admission blocked: request {s.head_req_id} at the head of the "
+                       f"waiting queue needs {s.head_blocks_needed} blocks, "
+                       f"free_blocks={led.free} waiting={s.waiting}",
+                       blocks_needed=s.head_blocks_needed, free_blocks=led.free)
+
+    def _rollup(self, st: EngineState, s: wire.Step) -> None:
+        second = float(int(s.ts))
+        acc = self.seconds.get(st.engine)
+        if acc is not None and acc.start != second:
+            self._flush_second(st, acc)
+            acc = None
+        if acc is None:
+            acc = self.seconds[st.engine] = _Second(second)
+        led = st.ledger
+        acc.steps += 1
+        acc.scheduled += s.scheduled_tokens
+        acc.budget += s.token_budget
+        acc.sum_running += s.running
+        acc.max_waiting = max(acc.max_waiting, s.waiting)
+        acc.preemptions += len(s.preemptions)
+        if led.synced:
+            acc.min_free = led.free if acc.min_free < 0 else min(acc.min_free, led.free)
+            acc.sum_free += led.free
+            acc.free_samples += 1
+            acc.max_used = max(acc.max_used, led.used)
+            if acc.steps == 1 or s.preemptions:
+                run = led.max_contiguous_free()
+                acc.min_maxrun = run if acc.min_maxrun < 0 else min(acc.min_maxrun, run)
+
+    def _flush_second(self, st: EngineState, acc: _Second) -> None:
+        self.emit(StepStat(
+            ts=acc.start, model=st.hello.model, engine=st.engine, steps=acc.steps,
+            scheduled_tokens=acc.scheduled, budget_tokens=acc.budget, min_free_blocks=acc.min_free,
+            avg_free_blocks=acc.sum_free / acc.free_samples if acc.free_samples else -1.0,
+            min_max_contiguous_free=acc.min_maxrun, max_used_blocks=acc.max_used,
+            avg_running=acc.sum_running / acc.steps, max_waiting=acc.max_waiting,
+            preemptions=acc.preemptions,
+            tail_waste_tokens=st.ledger.tail_waste_tokens() if st.ledger.synced else -1))
+
+    def flush(self, hub_engines: dict[str, EngineState]) -> None:
+        """Emit the open per-second rollups (at shutdown)."""
+        for engine, acc in list(self.seconds.items()):
+            st = hub_engines.get(engine)
+            if st is not None:
+                self._flush_second(st, acc)
+        self.seconds.clear()

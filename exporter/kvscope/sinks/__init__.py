@@ -1,0 +1,1 @@
+"""kvscope.sinks: where rows go (ClickHouse, the decision log, Loki), behind one interface."""

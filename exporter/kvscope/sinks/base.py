@@ -1,0 +1,62 @@
+"""One sink interface and a manager that fans rows out to every sink.
+
+``write`` is called on the receiver thread and must never block: a sink queues or
+spools, and does its I/O on its own thread. Every sink counts what it wrote and lost.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+from kvscope.sinks.rows import table_of
+
+log = logging.getLogger("kvscope.sinks")
+
+
+class Sink(Protocol):
+    name: str
+
+    def accepts(self, table: str) -> bool:
+        """Whether rows of this table are for this sink."""
+
+    def write(self, table: str, row: Any) -> None:
+        """Take one row; never blocks, never raises."""
+
+    def flush(self, timeout_s: float) -> None:
+        """Deliver or spool everything taken so far, within the timeout."""
+
+    def close(self, timeout_s: float) -> None: ...
+
+
+class SinkManager:
+    """Routes each row to the sinks that accept its table."""
+
+    def __init__(self, sinks: list[Sink] | None = None) -> None:
+        self.sinks: list[Sink] = list(sinks or [])
+        self.errors = 0
+
+    def add(self, sink: Sink) -> None:
+        self.sinks.append(sink)
+
+    def emit(self, row: Any) -> None:
+        table = table_of(row)
+        for sink in self.sinks:
+            if sink.accepts(table):
+                try:
+                    sink.write(table, row)
+                except Exception:  # noqa: BLE001 - a sink bug must not stop ingestion
+                    self.errors += 1
+                    if self.errors in (1, 100) or self.errors % 10000 == 0:
+                        log.exception("sink %s failed to take a row", sink.name)
+
+    def flush(self, timeout_s: float = 5.0) -> None:
+        for sink in self.sinks:
+            sink.flush(timeout_s)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        for sink in self.sinks:
+            try:
+                sink.close(timeout_s)
+            except Exception:  # noqa: BLE001
+                log.exception("closing sink %s failed", sink.name)

@@ -1,0 +1,150 @@
+"""The rows kvscope stores: plain dataclasses, one per table, no store imports.
+
+Times are epoch seconds (float) taken in the engine process (the probe's clock), so every
+interval below is computed from timestamps of one process. Sentinels instead of NULL:
+``-1`` for an unknown count or time, ``""`` for an unknown string.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTrace:
+    """One row per request when it ends (table ``request_traces``)."""
+
+    ts: float
+    """When the request ended."""
+    model: str
+    engine: str
+    request_id: str
+    prompt_len: int
+    max_gen_len: int
+    """max_tokens as the engine received it."""
+    output_len: int
+    required_blocks: int
+    """Blocks that hold prompt + output (all KV groups)."""
+    allocated_blocks: int
+    """Most blocks the request held at once."""
+    contiguous_allocated: bool
+    """Its last block table was one run of consecutive block IDs."""
+    block_fragments: int
+    """Runs of consecutive IDs in its last block table (1 = contiguous)."""
+    preempt_count: int
+    preempt_reason: str
+    """Reason of its last preemption, "" if never preempted."""
+    recomputed_tokens: int
+    """Tokens discarded by its preemptions and computed again."""
+    cached_tokens: int
+    """Prompt tokens served by the prefix cache at first admission."""
+    free_blocks_at_alloc: int
+    """Free blocks right after the step that first admitted it (-1 unknown)."""
+    max_contiguous_free_blocks_at_alloc: int
+    """Longest free run right after that step (-1 unknown)."""
+    arrival_ts: float
+    queue_seconds: float
+    """Arrival to first admission (-1 never admitted)."""
+    first_token_seconds: float
+    """Arrival to the step that finished its prefill (-1 never)."""
+    e2e_seconds: float
+    finish_reason: str
+    """vLLM status: FINISHED_STOPPED, FINISHED_LENGTH_CAPPED, FINISHED_ABORTED, ..."""
+    client_id: str = ""
+    user_agent: str = ""
+    api_key_hash: str = ""
+    prompt_hash: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestEvent:
+    """One row per lifecycle event of a request (table ``request_events``)."""
+
+    ts: float
+    model: str
+    engine: str
+    request_id: str
+    event: str
+    """queued, admitted, allocated, preempted, resumed, finished, aborted."""
+    step: int
+    """Engine step counter when it happened (0: between steps)."""
+    blocks: int
+    """Blocks this event concerns: admitted/resumed the table, allocated the new blocks,
+    preempted the victim's blocks (-1 not applicable)."""
+    total_blocks: int
+    """Blocks the request holds after the event (-1 unknown)."""
+    free_blocks: int
+    max_contiguous_free: int
+    tokens: int
+    """Computed tokens after the event (preempted: tokens discarded)."""
+    reason: str = ""
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerDecision:
+    """A decision worth reading (table ``scheduler_decisions`` and the decision log)."""
+
+    ts: float
+    model: str
+    engine: str
+    decision: str
+    """preempt, admission_blocked, resume, finish, abort."""
+    request_id: str
+    reason: str
+    blocks_needed: int
+    free_blocks: int
+    max_contiguous_free: int
+    tokens: int
+    """preempt: computed tokens lost; resume: tokens to recompute; finish: output tokens."""
+    policy: str
+    msg: str
+    """Stable human line, e.g. 'Preempting request r1 due to kv_full free_blocks=0
+    max_contiguous=0 blocks_needed=1'."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepStat:
+    """Per-second rollup of budget vs blocks for one engine (table ``step_stats``)."""
+
+    ts: float
+    """Start of the second (engine clock)."""
+    model: str
+    engine: str
+    steps: int
+    scheduled_tokens: int
+    budget_tokens: int
+    min_free_blocks: int
+    avg_free_blocks: float
+    min_max_contiguous_free: int
+    """-1 when not sampled in that second."""
+    max_used_blocks: int
+    avg_running: float
+    max_waiting: int
+    preemptions: int
+    tail_waste_tokens: int
+    """When the second's rollup was written (-1 while the ledger is stale)."""
+
+
+TABLES: dict[str, type] = {
+    "request_traces": RequestTrace,
+    "request_events": RequestEvent,
+    "scheduler_decisions": SchedulerDecision,
+    "step_stats": StepStat,
+}
+
+
+def columns(table: str) -> list[str]:
+    return [f.name for f in fields(TABLES[table])]
+
+
+def as_tuple(row: Any) -> tuple[Any, ...]:
+    return tuple(getattr(row, f) for f in row.__slots__)
+
+
+def table_of(row: Any) -> str:
+    return _TABLE_BY_TYPE[type(row)]
+
+
+_TABLE_BY_TYPE = {v: k for k, v in TABLES.items()}

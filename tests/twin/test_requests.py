@@ -1,0 +1,86 @@
+"""Layers 2 and 4 from a real scheduler run: traces, events, decisions and rollups."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import Counter
+
+import pytest
+
+from kvscope import wire
+from kvscope.probe import plugin
+from kvscope.probe.recorder import Recorder
+from kvscope.probe.sender import take_batch
+from kvscope.sidecar.hub import Hub
+from kvscope.sidecar.requests import RequestTracker
+from kvscope.sinks.base import SinkManager
+from kvscope.sinks.decisionlog import DecisionLog
+from kvscope.sinks.rows import RequestEvent, RequestTrace, SchedulerDecision, StepStat
+from kvscope.twin import TwinConfig, WorkloadSpec, generate
+
+pytestmark = pytest.mark.twin
+
+Twin = pytest.importorskip("kvscope.twin.engine").Twin
+
+
+def run_tracked(n_requests: int = 80, seed: int = 5) -> tuple[list[object], Hub, str, object]:
+    assert plugin.enable(None)
+    twin = Twin(TwinConfig(num_blocks=48), seed=seed)
+    rec = Recorder(twin.scheduler, ring_size=1 << 20, keyframe_interval_s=3600)
+    plugin.bind(twin.scheduler, rec)
+    rec.push(("hello", rec.hello))
+    hub = Hub()
+    rows: list[object] = []
+    log = io.StringIO()
+    sinks = SinkManager([DecisionLog(stream=log)])
+    tracker = RequestTracker(lambda r: (rows.append(r), sinks.emit(r)))
+    hub.listeners.append(tracker.on_event)
+
+    def on_step(_i: int, _out: object) -> None:
+        while rec.ring:
+            assert hub.accept(wire.encode(take_batch(rec)))
+
+    result = twin.run(generate(WorkloadSpec(n_requests=n_requests, seed=seed)), on_step=on_step)
+    assert not rec.ring and not rec.ends  # the engine's last step reports the last ends
+    tracker.flush(hub.engines)
+    return rows, hub, log.getvalue(), result
+
+
+def test_every_request_gets_a_trace_and_every_preemption_a_decision() -> None:
+    rows, hub, log, result = run_tracked()
+    st = hub.engines["0"]
+    traces = [r for r in rows if isinstance(r, RequestTrace)]
+    events = Counter(r.event for r in rows if isinstance(r, RequestEvent))
+    decisions = [r for r in rows if isinstance(r, SchedulerDecision)]
+    preempts = [d for d in decisions if d.decision == "preempt"]
+    n_pre = sum(st.counters.preemptions.values())
+    assert n_pre == result.preemptions > 0
+    assert len(traces) == 80 == events["queued"]
+    assert events["admitted"] == 80 and events["finished"] == 80
+    assert events["preempted"] == n_pre == len(preempts)
+    assert events["resumed"] == n_pre  # every victim came back and finished
+    assert sum(t.preempt_count for t in traces) == n_pre
+    assert all(t.finish_reason == "FINISHED_LENGTH_CAPPED" for t in traces)
+    for t in traces:
+        assert 0 <= t.queue_seconds <= t.first_token_seconds <= t.e2e_seconds
+        assert t.allocated_blocks >= 1 and t.block_fragments >= 1
+        assert t.contiguous_allocated == (t.block_fragments == 1)
+        assert t.required_blocks == -(-(t.prompt_len + t.output_len) // 32)
+        assert (t.preempt_count > 0) == (t.preempt_reason != "")
+    assert sum(t.recomputed_tokens for t in traces) == st.counters.recomputed_tokens
+    lines = [json.loads(ln) for ln in log.splitlines()]
+    pre_lines = [ln for ln in lines if ln["event"] == "preempt"]
+    assert len(pre_lines) == n_pre
+    assert all(ln["msg"].startswith(f"Preempting request {ln['request_id']} due to kv_full")
+               for ln in pre_lines)
+    stats = [r for r in rows if isinstance(r, StepStat)]
+    assert sum(s.steps for s in stats) == st.counters.steps
+    assert sum(s.preemptions for s in stats) == n_pre
+
+
+def test_no_prompt_token_reaches_any_row() -> None:
+    rows, _hub, log, _ = run_tracked(n_requests=20, seed=9)
+    text = repr(rows) + log
+    assert "prompt_token_ids" not in text
+    assert all(not hasattr(r, "prompt_token_ids") for r in rows)
