@@ -36,6 +36,11 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--token", help=f"bearer token for every route but /healthz [{ENV['token']}]")
     p.add_argument("--log-level", help=f"debug, info, warning or error [{ENV['log_level']}]")
+    p.add_argument("--decision-log",
+                   help=f"decision log file, '-' for stdout, 'off' [{ENV['decision_log']}]")
+    p.add_argument("--decision-log-max-bytes", type=int,
+                   help=f"rotate the decision log file at this size "
+                        f"[{ENV['decision_log_max_bytes']}]")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -44,6 +44,10 @@ class ServeConfig:
     """Bearer token required on every route but /healthz (env KVSCOPE_TOKEN)."""
     log_level: str = "info"
     """Log level (env KVSCOPE_LOG_LEVEL)."""
+    decision_log: str = "-"
+    """Decision log: a file path (rotated), "-" for stdout, "off" (env KVSCOPE_DECISION_LOG)."""
+    decision_log_max_bytes: int = 50 << 20
+    """Rotate the decision log file at this size (env KVSCOPE_DECISION_LOG_MAX_BYTES)."""
 
     def validate(self) -> None:
         errors: list[str] = []
@@ -66,6 +70,8 @@ class ServeConfig:
             errors.append(
                 f"binding {self.host} (not loopback) needs a token (--token / KVSCOPE_TOKEN)"
             )
+        if self.decision_log_max_bytes < 4096:
+            errors.append("decision log rotation size must be at least 4096 bytes")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             errors.append(f"log level {self.log_level!r} is not debug/info/warning/error")
         if errors:
@@ -90,6 +96,8 @@ ENV = {
     "vllm_scrape_interval_s": "KVSCOPE_VLLM_SCRAPE_INTERVAL_S",
     "token": "KVSCOPE_TOKEN",
     "log_level": "KVSCOPE_LOG_LEVEL",
+    "decision_log": "KVSCOPE_DECISION_LOG",
+    "decision_log_max_bytes": "KVSCOPE_DECISION_LOG_MAX_BYTES",
 }
 
 

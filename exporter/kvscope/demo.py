@@ -26,9 +26,10 @@ class DemoError(RuntimeError):
     pass
 
 
-def start_sidecar(endpoint: str, port: int) -> subprocess.Popen[bytes]:
+def start_sidecar(endpoint: str, port: int, data_dir: Path) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "kvscope", "serve", "--endpoint", endpoint,
-           "--port", str(port), "--log-level", "warning"]
+           "--port", str(port), "--log-level", "warning",
+           "--decision-log", str(data_dir / "decisions.jsonl")]
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
@@ -136,12 +137,13 @@ def run_demo(args: argparse.Namespace) -> int:
         print("kvscope demo: " + "; ".join(errors), file=sys.stderr)
         return 2
     try:
-        sidecar = start_sidecar(endpoint, args.port)
+        sidecar = start_sidecar(endpoint, args.port, sock_dir)
     except DemoError as exc:
         print(f"kvscope demo: {exc}", file=sys.stderr)
         return 1
     try:
         print(f"kvscope sidecar: {base}/metrics   (engine summary: {base}/api/engines)")
+        print(f"decision log:    {sock_dir / 'decisions.jsonl'}")
         print("loading vLLM's scheduler (the twin: vLLM's real Scheduler, no model)...",
               flush=True)
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")

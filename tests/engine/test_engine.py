@@ -230,7 +230,8 @@ def test_vllm_serves_without_a_sidecar_and_the_probe_reconnects(
         summary = engine_summary(engine_stack)
     resynced_s = time.monotonic() - restarted
     record_property("resynced_after_restart_s", round(resynced_s, 1))
-    print(f"engine 0 in sync {resynced_s:.1f} s after the sidecar restarted")
+    print(f"engine 0 in sync {resynced_s:.1f} s after the sidecar restarted "
+          f"({seed - 100} small loads)")
     assert summary["session"] == first_engine["session"], "the engine did not restart"
     assert summary["pid"] == first_engine["pid"]
 

@@ -15,7 +15,10 @@ from kvscope.sidecar.hub import Hub
 from kvscope.sidecar.metrics import KVScopeCollector
 from kvscope.sidecar.process import ProcessReader
 from kvscope.sidecar.receiver import Receiver
+from kvscope.sidecar.requests import RequestTracker
 from kvscope.sidecar.vllm_metrics import VllmScraper
+from kvscope.sinks.base import SinkManager
+from kvscope.sinks.decisionlog import DecisionLog
 
 log = logging.getLogger("kvscope.sidecar")
 
@@ -27,6 +30,12 @@ class Sidecar:
         cfg.validate()
         self.cfg = cfg
         self.hub = Hub()
+        self.sinks = SinkManager()
+        if cfg.decision_log != "off":
+            path = None if cfg.decision_log == "-" else cfg.decision_log
+            self.sinks.add(DecisionLog(path, max_bytes=cfg.decision_log_max_bytes))
+        self.tracker = RequestTracker(self.sinks.emit)
+        self.hub.listeners.append(self.tracker.on_event)
         self.receiver = Receiver(self.hub, list(cfg.endpoints))
         self.scraper = (
             VllmScraper(cfg.vllm_url, cfg.vllm_scrape_interval_s) if cfg.vllm_url else None
@@ -87,5 +96,8 @@ class Sidecar:
         if self.scraper:
             self.scraper.stop_event.set()
         self.receiver.stop()
+        with self.hub.lock:
+            self.tracker.flush(self.hub.engines)
+        self.sinks.close()
         if self._thread is not None:
             self._thread.join(10)

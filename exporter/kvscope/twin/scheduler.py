@@ -35,11 +35,16 @@ MODEL_CONFIG_DIR = "tiny-llama-config"
 """Directory under the cache dir holding only the tiny Llama's config.json."""
 
 
+TWIN_MODEL_NAME = "twin"
+"""The model label the twin's engine reports (its config is a stand-in Llama)."""
+
+
 def vllm_config(cfg: TwinConfig, model_dir: Path | None = None) -> VllmConfig:
     """The ``VllmConfig`` a CPU server started with ``cfg``'s flags would build."""
     model_dir = write_llama_config(model_dir or default_cache_dir() / MODEL_CONFIG_DIR)
     model = ModelConfig(
         model=str(model_dir),
+        served_model_name=TWIN_MODEL_NAME,
         dtype="float32",
         max_model_len=cfg.max_model_len,
         skip_tokenizer_init=True,
