@@ -178,11 +178,44 @@ class Keyframe(msgspec.Struct, tag="keyframe", array_like=True, frozen=True):
     """Computed tokens of every running request."""
 
 
-Record = Union[Hello, Step, Keyframe]  # noqa: UP007 - runtime union for msgspec on 3.10
+class ClientStart(msgspec.Struct, tag="client_start", array_like=True, frozen=True):
+    """An API request seen by kvscope's middleware in vLLM's API server, before vLLM.
+
+    Identity and a hash of the prompt only: never prompt text, never the API key."""
+
+    request_id: str
+    """The X-Request-Id the middleware made vLLM use (engine IDs embed it)."""
+    ts: float
+    endpoint: str
+    """completions or chat."""
+    model: str
+    client_id: str
+    user_agent: str
+    api_key_hash: str
+    prompt_hash: str
+    prompt_chars: int
+    max_tokens: int
+    """-1 when the request did not say."""
+
+
+class ClientEnd(msgspec.Struct, tag="client_end", array_like=True, frozen=True):
+    """The HTTP answer to a request the middleware saw start."""
+
+    request_id: str
+    ts: float
+    status: int
+    duration_s: float
+
+
+Record = Union[Hello, Step, Keyframe, ClientStart, ClientEnd]  # noqa: UP007 - msgspec, 3.10
+
+
+CLIENT_ENGINE_PREFIX = "api:"
+"""Frames whose engine starts with this come from the API-server middleware."""
 
 
 class Frame(msgspec.Struct, array_like=True, frozen=True):
-    """A batch of consecutive records from one probe."""
+    """A batch of consecutive records from one probe (or from the middleware)."""
 
     engine: str
     session: str

@@ -5,13 +5,14 @@ from __future__ import annotations
 import hmac
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from kvscope import __version__
 from kvscope.sidecar.engine import EngineState
 from kvscope.sidecar.hub import Hub
+from kvscope.sidecar.pressure import PressurePolicy, preempt_rate
 
 OPEN_PATHS = ("/healthz",)
 
@@ -87,8 +88,10 @@ def create_app(
     health_timeout_s: float,
     token: str | None = None,
     receiver_error: Any = None,
+    policy: PressurePolicy | None = None,
 ) -> FastAPI:
     app = FastAPI(title="kvscope sidecar", version=__version__)
+    policy = policy or PressurePolicy()
 
     if token:
         expected = f"Bearer {token}".encode()
@@ -124,6 +127,11 @@ def create_app(
         else:
             body["status"], code = "ok", 200
         return JSONResponse(body, status_code=code)
+
+    @app.get("/health/preempt-rate", summary="Preemption pressure for autoscalers and clients")
+    def pressure(window: float = Query(60.0, ge=5.0, le=3600.0)) -> dict[str, Any]:
+        with hub.lock:
+            return preempt_rate(list(hub.engines.values()), window, policy)
 
     @app.get("/api/engines", summary="What the sidecar knows about each engine")
     def engines() -> dict[str, Any]:

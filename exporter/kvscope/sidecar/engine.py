@@ -80,6 +80,8 @@ class EngineState:
         self.util_window: deque[tuple[float, int, int]] = deque(maxlen=4096)
         self._maxrun = 0
         self._maxrun_at = 0.0
+        self.history: deque[tuple[float, int, int]] = deque(maxlen=4000)
+        """(sidecar monotonic time, preemptions, requests ended), about one a second."""
 
     @property
     def engine(self) -> str:
@@ -105,7 +107,8 @@ class EngineState:
             if self.ledger.load(record):
                 self.counters.ledger_mismatches += 1
             self._sample_maxrun(force=True)
-        # a repeated Hello of the same session carries nothing new
+        elif not isinstance(record, wire.Hello):
+            raise ValueError(f"{type(record).__name__} in an engine frame")
 
     # -- steps --------------------------------------------------------------------------
     def _step(self, s: wire.Step) -> None:
@@ -154,6 +157,9 @@ class EngineState:
             c.ledger_mismatches += 1
             led.synced = False
         self.last_step = s
+        now = time.monotonic()
+        if not self.history or now - self.history[-1][0] >= 1.0:
+            self.history.append((now, sum(c.preemptions.values()), sum(c.ends.values())))
         self.util_window.append((s.ts, c.scheduled_tokens, c.budget_tokens))
         self._track(s)
         for p in seen:

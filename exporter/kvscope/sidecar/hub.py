@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 
 from kvscope import wire
 from kvscope.sidecar.engine import EngineState, Listener
@@ -27,6 +28,9 @@ class Hub:
         self.lock = threading.RLock()
         self.engines: dict[str, EngineState] = {}
         self.listeners: list[Listener] = []
+        self.client_listeners: list[Callable[[wire.Record], None]] = []
+        self.tick_listeners: list[Callable[[], None]] = []
+        self.client_records = 0
         self.frames = 0
         self.records = 0
         self.rejected: Counter[str] = Counter()
@@ -62,6 +66,14 @@ class Hub:
 
     def _ingest(self, frame: wire.Frame) -> None:
         self.frames += 1
+        if frame.engine.startswith(wire.CLIENT_ENGINE_PREFIX):
+            for rec in frame.records:
+                if not isinstance(rec, (wire.ClientStart, wire.ClientEnd)):
+                    raise ValueError("engine records in a middleware frame")
+                for fn in self.client_listeners:
+                    fn(rec)
+            self.client_records += len(frame.records)
+            return
         state = self.engines.get(frame.engine)
         if state is None or state.hello.session != frame.session:
             hello = next(
@@ -86,6 +98,15 @@ class Hub:
             state.ingest(rec)
         self.records += len(frame.records)
         self.last_record_monotonic = time.monotonic()
+
+    def tick(self) -> None:
+        """Periodic work (about every 100 ms, from the receiver thread)."""
+        with self.lock:
+            for fn in self.tick_listeners:
+                try:
+                    fn()
+                except Exception:  # noqa: BLE001 - never stop the receiver
+                    log.exception("periodic task failed")
 
     def seconds_since_record(self) -> float | None:
         if self.last_record_monotonic is None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from kvscope.sidecar.clients import ClientStats
 from kvscope.sidecar.engine import EngineState
 from kvscope.sidecar.gpu import GpuReader
 from kvscope.sidecar.hub import Hub
@@ -21,6 +22,21 @@ from kvscope.sidecar.vllm_metrics import VllmScraper
 
 EL = ["engine", "model"]
 DOCS = {
+    "kvscope_client_requests": "API requests answered, by client (bounded labels).",
+    "kvscope_client_duplicate_requests": (
+        "Requests repeating the same client's prompt within the duplicate window."
+    ),
+    "kvscope_client_preempted_requests": "Engine requests preempted at least once, by client.",
+    "kvscope_client_preemptions": "Preemptions of engine requests, by client.",
+    "kvscope_user_agent_requests": "API requests answered, by User-Agent (bounded labels).",
+    "kvscope_user_agent_preemptions": "Preemptions of engine requests, by User-Agent.",
+    "kvscope_client_label_overflow": (
+        "Label values refused a series because the label's cap was reached (shown as other)."
+    ),
+    "kvscope_client_traces_joined": "Request traces joined to a client event.",
+    "kvscope_client_traces_unjoined": (
+        "Middleware-tagged traces written without client fields (event never arrived)."
+    ),
     "kvscope_engine_info": ("Static facts about an engine the probe reports."),
     "vllm_scheduler_steps": ("Scheduler steps (schedule() calls)."),
     "vllm_scheduler_scheduled_tokens": ("Tokens scheduled, summed over steps."),
@@ -138,7 +154,9 @@ class KVScopeCollector:
         gpu: GpuReader | None = None,
         processes: ProcessReader | None = None,
         vllm: VllmScraper | None = None,
+        clients: ClientStats | None = None,
     ) -> None:
+        self.clients = clients
         self.hub = hub
         self.health_timeout_s = health_timeout_s
         self.gpu = gpu
@@ -151,6 +169,7 @@ class KVScopeCollector:
             for state in self.hub.engines.values():
                 self._engine(f, state)
             self._hub(f)
+            self._clients(f)
         self._coarse_and_reconcile(f)
         self._gpu(f)
         yield from f.fams.values()
@@ -259,6 +278,27 @@ class KVScopeCollector:
         rej = f.c("kvscope_probe_frames_rejected", ["reason"])
         for reason in ("parts", "tag", "version", "malformed", "invalid", "unknown_session"):
             rej.add_metric([reason], hub.rejected.get(reason, 0))
+
+    def _clients(self, f: _Families) -> None:
+        cs = self.clients
+        if cs is None:
+            return
+        for name, values, label in (
+            ("kvscope_client_requests", cs.requests, "client"),
+            ("kvscope_client_duplicate_requests", cs.duplicates, "client"),
+            ("kvscope_client_preempted_requests", cs.preempted_requests, "client"),
+            ("kvscope_client_preemptions", cs.preemptions, "client"),
+            ("kvscope_user_agent_requests", cs.agent_requests, "user_agent"),
+            ("kvscope_user_agent_preemptions", cs.agent_preemptions, "user_agent"),
+        ):
+            fam = f.c(name, [label])
+            for value, n in values.items():
+                fam.add_metric([value], n)
+        over = f.c("kvscope_client_label_overflow", ["label"])
+        over.add_metric(["client"], cs.clients.overflow)
+        over.add_metric(["user_agent"], cs.agents.overflow)
+        f.c("kvscope_client_traces_joined", []).add_metric([], cs.joined_traces)
+        f.c("kvscope_client_traces_unjoined", []).add_metric([], cs.unjoined_traces)
 
     # -- vLLM's own metrics ----------------------------------------------------------------
     def _coarse_and_reconcile(self, f: _Families) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 
 import zmq
@@ -51,7 +52,11 @@ class Receiver(threading.Thread):
         poller.register(self._sock, zmq.POLLIN)
         self.ready.set()
         try:
+            next_tick = time.monotonic()
             while not self.stop_event.is_set():
+                if time.monotonic() >= next_tick:
+                    self.hub.tick()
+                    next_tick = time.monotonic() + 0.1
                 if not poller.poll(100):
                     continue
                 for _ in range(1000):

@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from kvscope.config import ServeConfig
 from kvscope.sidecar.app import create_app
+from kvscope.sidecar.clients import ClientJoin
 from kvscope.sidecar.gpu import GpuReader
 from kvscope.sidecar.hub import Hub
 from kvscope.sidecar.metrics import KVScopeCollector
@@ -19,6 +20,7 @@ from kvscope.sidecar.requests import RequestTracker
 from kvscope.sidecar.vllm_metrics import VllmScraper
 from kvscope.sinks.base import SinkManager
 from kvscope.sinks.decisionlog import DecisionLog
+from kvscope.sinks.rows import RequestTrace
 
 log = logging.getLogger("kvscope.sidecar")
 
@@ -34,8 +36,11 @@ class Sidecar:
         if cfg.decision_log != "off":
             path = None if cfg.decision_log == "-" else cfg.decision_log
             self.sinks.add(DecisionLog(path, max_bytes=cfg.decision_log_max_bytes))
-        self.tracker = RequestTracker(self.sinks.emit)
+        self.clients = ClientJoin(self.sinks.emit)
+        self.tracker = RequestTracker(self._route)
         self.hub.listeners.append(self.tracker.on_event)
+        self.hub.client_listeners.append(self.clients.on_client)
+        self.hub.tick_listeners.append(self.clients.tick)
         self.receiver = Receiver(self.hub, list(cfg.endpoints))
         self.scraper = (
             VllmScraper(cfg.vllm_url, cfg.vllm_scrape_interval_s) if cfg.vllm_url else None
@@ -48,6 +53,7 @@ class Sidecar:
                 gpu=GpuReader(),
                 processes=ProcessReader(),
                 vllm=self.scraper,
+                clients=self.clients.stats,
             )
         )
         self.app = create_app(
@@ -69,6 +75,13 @@ class Sidecar:
             )
         )
         self._thread: threading.Thread | None = None
+
+    def _route(self, row: object) -> None:
+        """Traces wait for their client event; every other row goes straight out."""
+        if isinstance(row, RequestTrace):
+            self.clients.on_trace(row)
+        else:
+            self.sinks.emit(row)
 
     def start_background(self) -> None:
         """Bind and start everything; the HTTP server runs on its own thread."""
@@ -98,6 +111,7 @@ class Sidecar:
         self.receiver.stop()
         with self.hub.lock:
             self.tracker.flush(self.hub.engines)
+            self.clients.flush()
         self.sinks.close()
         if self._thread is not None:
             self._thread.join(10)

@@ -127,11 +127,40 @@ class StepStat:
     """When the second's rollup was written (-1 while the ledger is stale)."""
 
 
+@dataclass(frozen=True, slots=True)
+class ClientRequest:
+    """One row per API request the middleware saw answered (table ``client_requests``)."""
+
+    ts: float
+    """When the HTTP answer was sent (API-server clock)."""
+    request_id: str
+    """The X-Request-Id the middleware gave vLLM."""
+    engine_request_ids: str
+    """Engine request IDs joined to it, comma-separated ("" if none joined yet)."""
+    model: str
+    endpoint: str
+    client_id: str
+    user_agent: str
+    api_key_hash: str
+    prompt_hash: str
+    prompt_chars: int
+    max_tokens: int
+    http_status: int
+    duration_s: float
+    duplicate: bool
+    """Same client and prompt hash seen within the duplicate window before."""
+    duplicate_of: str
+    preempt_count: int
+    """Preemptions of its engine requests (-1 when none joined)."""
+    preempt_reason: str
+
+
 TABLES: dict[str, type] = {
     "request_traces": RequestTrace,
     "request_events": RequestEvent,
     "scheduler_decisions": SchedulerDecision,
     "step_stats": StepStat,
+    "client_requests": ClientRequest,
 }
 
 
