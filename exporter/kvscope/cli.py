@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from kvscope import __version__
+from kvscope import __version__, loadgen, whatif
 from kvscope.config import ENV, ConfigError, from_sources
 
 
@@ -69,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--blocks", type=int, default=64, help="KV blocks in the pool")
     demo.add_argument("--policy", choices=("fcfs", "priority"), default="fcfs")
     demo.add_argument("--seed", type=int, default=0)
+    whatif.add_parser(sub)
+    loadgen.add_parser(sub)
     return parser
 
 
@@ -96,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         from kvscope.demo import run_demo
 
         return run_demo(args)
+    if args.command == "whatif":
+        return whatif.run(args)
+    if args.command == "loadgen":
+        return loadgen.run(args)
     return 2
 
 
