@@ -1,0 +1,27 @@
+-- What do preemptions cost in recomputation? Per model and engine over the last `days`
+-- days: requests, preempted requests, preemptions, tokens computed a second time after a
+-- resume (recomputed_tokens: discarded tokens minus prefix-cache hits on resume), their
+-- share of all prompt + output tokens, the average and largest per preempted request,
+-- and the mean end-to-end seconds of preempted vs never-preempted requests.
+-- @param days = 7      window, in days back from now
+-- @param model = ''    one model ('' = all)
+-- @param engine = ''   one engine ('' = all)
+SELECT
+    model,
+    engine,
+    count() AS requests,
+    countIf(preempt_count > 0) AS preempted_requests,
+    sum(preempt_count) AS preemptions,
+    sum(recomputed_tokens) AS total_recomputed_tokens,
+    sum(prompt_len + output_len) AS total_tokens,
+    round(total_recomputed_tokens / nullIf(total_tokens, 0), 4) AS recomputed_ratio,
+    round(avgOrNullIf(recomputed_tokens, preempt_count > 0), 2) AS avg_recomputed_per_preempted,
+    max(recomputed_tokens) AS max_recomputed_tokens,
+    round(avgOrNullIf(e2e_seconds, preempt_count > 0), 3) AS avg_e2e_seconds_preempted,
+    round(avgOrNullIf(e2e_seconds, preempt_count = 0), 3) AS avg_e2e_seconds_not_preempted
+FROM request_traces
+WHERE ts >= now() - toIntervalDay({days:UInt32})
+  AND ({model:String} = '' OR model = {model:String})
+  AND ({engine:String} = '' OR engine = {engine:String})
+GROUP BY model, engine
+ORDER BY total_recomputed_tokens DESC, model, engine

@@ -1,0 +1,2 @@
+-- The database every kvscope table lives in. Placeholders: {database}.
+CREATE DATABASE IF NOT EXISTS {database};

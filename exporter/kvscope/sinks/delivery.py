@@ -1,0 +1,314 @@
+"""Queueing, batching, write-ahead spooling and retries for a sink; knows no store.
+
+Rows flow: ``take()`` (the receiver thread; never blocks, never raises) appends to a
+bounded deque per table -> the batching thread seals a table's batch when it holds
+``batch_rows`` rows or its first row is ``batch_interval_s`` old, encodes it and writes it
+to the spool (write-ahead: from then on the rows survive a crash) -> the sending thread
+sends spooled batches oldest first, each with its own dedup token, and deletes a batch only
+after the store acknowledged it. A crash, even ``kill -9``, between the store's answer and
+the delete leaves the batch spooled: it is sent again at the next start with the same
+token, and the store discards the repeat. Rows still in memory (at most one batch interval
+plus a tick) are not acknowledged: ``flush()`` returns once they are spooled and, within its
+timeout, delivered.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import uuid
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvscope.sinks.spool import FullPolicy, Spool, SpooledBatch
+
+log = logging.getLogger("kvscope.sinks")
+
+Encode = Callable[[str, list[Any]], bytes]
+"""Turns one table's rows into the bytes that are spooled and sent."""
+Send = Callable[[SpooledBatch, bytes, int], None]
+"""Delivers one batch (its spooled bytes, the attempt number from 0); raises on failure."""
+
+
+class BatchRejected(Exception):
+    """The store refused this batch for good (its data, not the store's state): the batch is
+    dropped and its rows counted, so one bad batch cannot block the ones behind it."""
+
+
+@dataclass(frozen=True)
+class DeliveryOptions:
+    batch_rows: int = 10_000
+    """Seal a table's batch at this many rows."""
+    batch_interval_s: float = 1.0
+    """...or when its first row is this old."""
+    max_queue_rows: int = 200_000
+    """Rows of one table held in memory before they reach the spool; more are dropped and
+    counted (only when the disk cannot keep up)."""
+    spool_max_bytes: int = 256 << 20
+    """Bound of the on-disk spool."""
+    spool_policy: FullPolicy = "drop_oldest"
+    """What a full spool gives up: its oldest batch, or the incoming one."""
+    backoff_initial_s: float = 0.2
+    backoff_max_s: float = 30.0
+    fsync: bool = True
+    """fsync each spooled batch (off only for benchmarks and tests)."""
+
+    def validate(self) -> list[str]:
+        errors = []
+        if self.batch_rows < 1:
+            errors.append("batch_rows must be at least 1")
+        if self.batch_interval_s <= 0:
+            errors.append("batch_interval_s must be positive")
+        if self.max_queue_rows < self.batch_rows:
+            errors.append("max_queue_rows must be at least batch_rows")
+        if self.spool_max_bytes < 1 << 16:
+            errors.append("spool_max_bytes must be at least 64 KiB")
+        if self.spool_policy not in ("drop_oldest", "drop_newest"):
+            errors.append("spool_policy must be drop_oldest or drop_newest")
+        if not 0 < self.backoff_initial_s <= self.backoff_max_s:
+            errors.append("backoff must satisfy 0 < initial <= max")
+        return errors
+
+
+@dataclass(frozen=True)
+class SinkStats:
+    """A sink's own health, read by kvscope.sinks.metrics.SinkCollector."""
+
+    rows_written: dict[str, int]
+    """Rows the store acknowledged, by table."""
+    rows_dropped: dict[str, int]
+    """Rows given up (queue overflow, full spool, rejected batch), by table."""
+    errors: int
+    """Failed attempts to deliver or spool a batch."""
+    spool_bytes: int
+    spool_batches: int
+    oldest_unsent_age_seconds: float
+    """Age of the oldest row taken but not yet acknowledged by the store (0: none)."""
+    queued_rows: int
+    """Rows in memory, not yet spooled."""
+    connected: bool
+    """The last delivery attempt succeeded (or none was needed yet)."""
+    last_error: str = ""
+
+
+class Backoff:
+    """Exponential backoff with jitter (half to full of the step)."""
+
+    def __init__(self, initial_s: float, max_s: float) -> None:
+        self.initial_s, self.max_s, self.n = initial_s, max_s, 0
+
+    def next(self) -> float:
+        step = min(self.max_s, self.initial_s * 2 ** min(self.n, 30))
+        self.n += 1
+        return step * (0.5 + random.random() / 2)
+
+    def reset(self) -> None:
+        self.n = 0
+
+
+@dataclass
+class _Buffer:
+    rows: list[Any] = field(default_factory=list)
+    since: float = 0.0
+
+
+class Delivery:
+    """The queue -> spool -> store pipeline of one sink, on two daemon threads."""
+
+    def __init__(self, name: str, tables: list[str], encode: Encode, send: Send, spool: Spool,
+                 options: DeliveryOptions, *,
+                 describe: Callable[[BaseException], str] = repr) -> None:
+        self.name, self.encode, self.send, self.spool, self.opt = name, encode, send, spool, options
+        self.describe = describe
+        self.queues: dict[str, deque[Any]] = {t: deque() for t in tables}
+        self.buffers: dict[str, _Buffer] = {t: _Buffer() for t in tables}
+        # Each counter has one writing thread, and every table's key exists from the start,
+        # so stats() can copy them from another thread.
+        self.written: Counter[str] = Counter(dict.fromkeys(tables, 0))
+        self.queue_dropped: Counter[str] = Counter(dict.fromkeys(tables, 0))
+        self.batch_dropped: Counter[str] = Counter(dict.fromkeys(tables, 0))  # batching thread
+        self.rejected: Counter[str] = Counter(dict.fromkeys(tables, 0))  # sending thread
+        self.spool_errors = 0
+        self.send_errors = 0
+        self.connected = True
+        self.last_error = ""
+        self._wake = threading.Event()
+        self._spooled = threading.Event()
+        self._stop = threading.Event()
+        self._cv = threading.Condition()
+        self._asked = self._sealed = 0
+        self._threads = [threading.Thread(target=self._batch_loop, name=f"{name}-batch",
+                                          daemon=True),
+                         threading.Thread(target=self._send_loop, name=f"{name}-send",
+                                          daemon=True)]
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    # -- the receiver thread -----------------------------------------------------------
+    def take(self, table: str, row: Any) -> None:
+        q = self.queues[table]
+        n = len(q)
+        if n >= self.opt.max_queue_rows:
+            self.queue_dropped[table] += 1
+            return
+        q.append(row)
+        if n + 1 == self.opt.batch_rows:
+            self._wake.set()
+
+    # -- the batching thread -----------------------------------------------------------
+    def _batch_loop(self) -> None:
+        tick = min(0.25, self.opt.batch_interval_s / 4)
+        while not self._stop.is_set():
+            self._wake.wait(tick)
+            self._wake.clear()
+            asked = self._asked
+            try:
+                self._seal_due(force=asked > self._sealed)
+            except Exception:  # noqa: BLE001 - this thread must outlive any bug
+                self.spool_errors += 1
+                log.exception("%s: batching failed; retrying next tick", self.name)
+                continue
+            if asked > self._sealed:
+                with self._cv:
+                    self._sealed = asked
+                    self._cv.notify_all()
+
+    def _seal_due(self, force: bool) -> None:
+        now = time.time()
+        for table, q in self.queues.items():
+            buf = self.buffers[table]
+            n = len(q)
+            if n:
+                if not buf.rows:
+                    buf.since = now
+                pop = q.popleft
+                buf.rows.extend([pop() for _ in range(n)])
+            while len(buf.rows) >= self.opt.batch_rows:
+                chunk = buf.rows[: self.opt.batch_rows]
+                if not self._seal(table, chunk, buf.since):
+                    break
+                del buf.rows[: self.opt.batch_rows]
+            if buf.rows and (force or now - buf.since >= self.opt.batch_interval_s):
+                if self._seal(table, buf.rows, buf.since):
+                    buf.rows = []
+            if len(buf.rows) > self.opt.max_queue_rows:  # the spool keeps failing
+                self.batch_dropped[table] += len(buf.rows)
+                buf.rows = []
+
+    def _seal(self, table: str, rows: list[Any], since: float) -> bool:
+        try:
+            payload = self.encode(table, rows)
+        except Exception:  # noqa: BLE001 - a row that cannot be encoded never will be
+            log.exception("%s: dropping %d %s rows that cannot be encoded", self.name,
+                          len(rows), table)
+            self.spool_errors += 1
+            self.batch_dropped[table] += len(rows)
+            return True
+        try:
+            self.spool.put(table, len(rows), since, uuid.uuid4().hex, payload)
+        except OSError as exc:
+            self.spool_errors += 1
+            self.last_error = f"spool: {exc}"
+            log.error("%s: cannot spool %d %s rows (%s); will retry", self.name, len(rows),
+                      table, exc)
+            return False
+        self._spooled.set()
+        return True
+
+    # -- the sending thread ------------------------------------------------------------
+    def _send_loop(self) -> None:
+        backoff = Backoff(self.opt.backoff_initial_s, self.opt.backoff_max_s)
+        attempts: tuple[int, int] = (0, 0)  # (seq, failed attempts) of the head batch
+        while not self._stop.is_set():
+            batch = self.spool.take()
+            if batch is None:
+                self._spooled.wait(0.5)
+                self._spooled.clear()
+                continue
+            tries = attempts[1] if attempts[0] == batch.seq else 0
+            try:
+                self.send(batch, self.spool.read(batch), tries)
+            except (BatchRejected, FileNotFoundError) as exc:
+                self.spool.done(batch)
+                self.rejected[batch.table] += batch.rows
+                self.send_errors += 1
+                log.error("%s: dropped a batch of %d %s rows: %s", self.name, batch.rows,
+                          batch.table, self.describe(exc))
+                continue
+            except Exception as exc:  # noqa: BLE001 - any failure is retried with backoff
+                self.spool.release(batch)
+                if self._stop.is_set():
+                    break  # closing: the batch stays spooled for the next start
+                self._failed(exc, len(self.spool))
+                attempts = (batch.seq, tries + 1)
+                self._stop.wait(backoff.next())
+                continue
+            self.spool.done(batch)
+            self.written[batch.table] += batch.rows
+            if not self.connected:
+                log.warning("%s: store reachable again; %d batches left to replay", self.name,
+                            len(self.spool))
+            self.connected = True
+            backoff.reset()
+
+    def _failed(self, exc: BaseException, spooled: int) -> None:
+        self.send_errors += 1
+        self.last_error = self.describe(exc)
+        if self.connected or self.send_errors % 100 == 0:
+            log.warning("%s: delivery failed (%s); %d batches spooled, retrying with "
+                        "backoff", self.name, self.last_error, spooled)
+        self.connected = False
+
+    # -- control -----------------------------------------------------------------------
+    def flush(self, timeout_s: float) -> bool:
+        """Spool every row taken so far, then wait for delivery; True when all delivered."""
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            self._asked += 1
+            asked = self._asked
+            self._wake.set()
+            while self._sealed < asked and self._threads[0].is_alive():
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._cv.wait(left):
+                    return False
+        while len(self.spool) and time.monotonic() < deadline and self._threads[1].is_alive():
+            time.sleep(0.005)
+        return not len(self.spool)
+
+    def close(self, timeout_s: float) -> bool:
+        """Flush within the timeout and stop; what is undelivered stays spooled."""
+        start = time.monotonic()
+        delivered = self.flush(timeout_s)
+        self._stop.set()
+        self._wake.set()
+        self._spooled.set()
+        for t in self._threads:
+            if t.is_alive():
+                t.join(max(0.1, timeout_s - (time.monotonic() - start)))
+        if not any(t.is_alive() for t in self._threads):
+            self.spool.close()  # else an insert still runs: the lock goes with the process
+        return delivered
+
+    def stats(self) -> SinkStats:
+        dropped = dict(self.queue_dropped)
+        for counter in (self.batch_dropped, self.rejected, self.spool.dropped_rows()):
+            for table, n in dict(counter).items():
+                dropped[table] = dropped.get(table, 0) + n
+        oldest = [b.since for b in self.buffers.values() if b.rows]
+        spooled = self.spool.oldest_created()
+        if spooled is not None:
+            oldest.append(spooled)
+        queued = sum(len(q) for q in self.queues.values())
+        queued += sum(len(b.rows) for b in self.buffers.values())
+        return SinkStats(
+            rows_written=dict(self.written), rows_dropped=dropped,
+            errors=self.spool_errors + self.send_errors,
+            spool_bytes=self.spool.bytes, spool_batches=len(self.spool),
+            oldest_unsent_age_seconds=max(0.0, time.time() - min(oldest)) if oldest else 0.0,
+            queued_rows=queued, connected=self.connected, last_error=self.last_error)

@@ -1,0 +1,213 @@
+"""The ClickHouse sink when the store misbehaves: outages, a full spool, retried batches."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from clickhouse_connect.driver.exceptions import OperationalError
+from prometheus_client import CollectorRegistry
+
+from kvscope.sinks import arrowrows
+from kvscope.sinks.base import SinkManager
+from kvscope.sinks.clickhouse import ClickHouseSink, Target
+from kvscope.sinks.metrics import SinkCollector
+from kvscope.sinks.rows import RequestTrace
+from kvscope.sinks.spool import Spool, SpooledBatch
+from tests.clickhouse.conftest import FAST, clickhouse_connect, count
+from tests.clickhouse.rowsource import SwitchableStore, trace
+
+pytestmark = pytest.mark.clickhouse
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def sink_for(dsn: str, database: str, spool: Path, **kw: Any) -> ClickHouseSink:
+    return ClickHouseSink(dsn, database=database, spool_dir=str(spool),
+                          options=kw.pop("options", FAST), **kw)
+
+
+def test_rows_arrive_and_are_counted(store: Any, database: str, chdb_dsn: str,
+                                     tmp_path: Path) -> None:
+    sink = sink_for(chdb_dsn, database, tmp_path / "spool")
+    for i in range(2500):
+        sink.write("request_traces", trace(i))
+    assert sink.flush(30)
+    reg = CollectorRegistry()
+    reg.register(SinkCollector(SinkManager([sink])))
+    v = reg.get_sample_value
+    labels = {"sink": "clickhouse", "table": "request_traces"}
+    assert v("kvscope_sink_rows_written_total", labels) == 2500
+    assert v("kvscope_sink_rows_dropped_total", labels) == 0
+    assert v("kvscope_sink_errors_total", {"sink": "clickhouse"}) == 0
+    assert v("kvscope_sink_spool_bytes", {"sink": "clickhouse"}) == 0
+    assert v("kvscope_sink_oldest_unsent_age_seconds", {"sink": "clickhouse"}) == 0
+    assert sink.close(10)
+    assert count(store, "request_traces") == 2500
+    row = store.query("SELECT ts, arrival_ts, contiguous_allocated FROM request_traces "
+                      "WHERE request_id = 'r0000007'").result_rows[0]
+    assert (row[0] - row[1]).total_seconds() == pytest.approx(1.0, abs=0.002)
+    assert row[2] is True
+
+
+@pytest.mark.twin
+def test_outage_during_a_twin_run_loses_no_row(store: Any, database: str, chdb_dsn: str,
+                                               tmp_path: Path, twin_runner: Any) -> None:
+    flaky = SwitchableStore(lambda: clickhouse_connect.get_client(dsn=chdb_dsn))
+    sink = sink_for(chdb_dsn, database, tmp_path / "spool", connect=flaky.connect)
+    rows: list[Any] = []
+    seen = {"spooled": 0, "down_at": -1, "up_at": -1}
+
+    def outage(i: int) -> None:
+        time.sleep(0.001)  # an engine step takes milliseconds, not the twin's microseconds
+        if i == 100:
+            flaky.down.set()
+            seen["down_at"] = i
+        elif flaky.down.is_set() and i % 20 == 0:
+            st = sink.stats()
+            seen["spooled"] = max(seen["spooled"], st.spool_batches)
+            if st.errors >= 3 and st.spool_batches >= 3:  # retried, and rows wait on disk
+                flaky.down.clear()
+                seen["up_at"] = i
+
+    manager = SinkManager([sink])
+    hub, result = twin_runner(lambda r: (rows.append(r), manager.emit(r)), on_step=outage)
+    assert 100 < seen["up_at"] < result.steps, seen  # the store came back during the run
+    assert sink.flush(60)
+    stats = sink.stats()
+    assert sink.close(10)
+    ended = sum(hub.engines["0"].counters.ends.values())
+    traces = [r for r in rows if isinstance(r, RequestTrace)]
+    assert ended == len(traces) == 80
+    assert count(store, "request_traces") == ended
+    assert int(store.command("SELECT uniqExact(request_id) FROM request_traces")) == ended
+    assert count(store, "request_events") == sum(type(r).__name__ == "RequestEvent"
+                                                 for r in rows)
+    assert stats.errors >= 3 and seen["spooled"] >= 3
+    assert stats.rows_written["request_traces"] == ended
+    assert not any(stats.rows_dropped.values())
+
+
+def test_unreachable_server_then_restart_on_the_store(store: Any, database: str,
+                                                      chdb_dsn: str, tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    dsn = f"http://kvuser:s3cr3t-pw@127.0.0.1:{closed_port()}/{database}"
+    down = sink_for(dsn, database, tmp_path / "spool")
+    for i in range(1500):
+        down.write("request_traces", trace(i))
+    assert not down.flush(1.0)  # spooled, not delivered
+    st = down.stats()
+    assert st.spool_batches >= 1 and st.spool_bytes > 0 and st.errors >= 1
+    assert not st.connected and st.oldest_unsent_age_seconds > 0
+    assert not down.close(0.5)
+    assert "s3cr3t" not in st.last_error and "Connection refused" in st.last_error
+    assert "s3cr3t" not in caplog.text and "delivery failed" in caplog.text
+    # the sidecar comes back pointed at a reachable store, same spool: it replays
+    up = sink_for(chdb_dsn, database, tmp_path / "spool")
+    assert up.flush(30)
+    assert up.stats().rows_written["request_traces"] == 1500
+    assert up.close(5)
+    assert count(store, "request_traces") == 1500
+
+
+def test_dsn_credentials_never_shown() -> None:
+    t = Target.parse("https://admin:hunter2@ch.example:8443/prod?password=hunter2")
+    assert "hunter2" not in t.safe and t.database == "prod"
+    assert "hunter2" not in t.scrub("failed for hunter2 at https://admin:hunter2@ch")
+    with pytest.raises(ValueError) as err:
+        ClickHouseSink("ftp://admin:hunter2@h")
+    assert "hunter2" not in str(err.value)
+    with pytest.raises(ValueError, match="chdb:///absolute/path"):
+        ClickHouseSink("chdb://relative/dir")
+
+
+@pytest.mark.parametrize("policy", ["drop_oldest", "drop_newest"])
+def test_full_spool_drops_by_policy_and_counts(store: Any, database: str, chdb_dsn: str,
+                                               tmp_path: Path, policy: str) -> None:
+    flaky = SwitchableStore(lambda: clickhouse_connect.get_client(dsn=chdb_dsn))
+    flaky.down.set()
+    opts = replace(FAST, batch_rows=100, max_queue_rows=100_000, spool_max_bytes=64 << 10,
+                   spool_policy=policy)
+    sink = sink_for(chdb_dsn, database, tmp_path / "spool", options=opts,
+                    connect=flaky.connect)
+    for i in range(2000):
+        sink.write("request_traces", trace(i))
+    assert not sink.flush(0.5)
+    st = sink.stats()
+    spooled = sink.spool.pending_rows()["request_traces"]
+    assert st.rows_dropped["request_traces"] + spooled == 2000
+    assert st.rows_dropped["request_traces"] >= 1000 and spooled >= 100
+    assert st.spool_bytes <= 64 << 10
+    flaky.down.clear()
+    assert sink.flush(30)
+    assert sink.close(5)
+    stored = {r[0] for r in store.query("SELECT prompt_len FROM request_traces").result_rows}
+    assert len(stored) == spooled == sink.stats().rows_written["request_traces"]
+    newest, oldest = set(range(1900, 2000)), set(range(100))
+    assert (newest <= stored) if policy == "drop_oldest" else (oldest <= stored)
+    assert not (oldest & stored) if policy == "drop_oldest" else not (newest & stored)
+
+
+def test_same_token_is_stored_once(store: Any, database: str, chdb_dsn: str,
+                                   tmp_path: Path) -> None:
+    sink = sink_for(chdb_dsn, database, tmp_path / "spool")
+    payload = arrowrows.encode("request_traces", [trace(i) for i in range(300)])
+    batch = SpooledBatch(1, "request_traces", 300, time.time(), "tok-a", len(payload))
+    sink._send(batch, payload, 0)
+    sink._send(batch, payload, 1)  # a retry after a lost answer
+    assert count(store, "request_traces") == 300
+    sink._send(replace(batch, token="tok-b"), payload, 0)  # the token, not the content
+    assert count(store, "request_traces") == 600
+    assert sink.close(5)
+
+
+def test_batch_inserted_before_a_crash_is_replayed_once(store: Any, database: str,
+                                                        chdb_dsn: str, tmp_path: Path) -> None:
+    """The crash window of write-ahead: the store took the batch, the process died before
+    deleting it from the spool. The next start sends it again with the same token."""
+    rows = [trace(i) for i in range(500)]
+    payload = arrowrows.encode("request_traces", rows)
+    spool = Spool(str(tmp_path / "spool"))
+    batch = spool.put("request_traces", 500, time.time(), "crash-token", payload)
+    spool.close()
+    first = sink_for(chdb_dsn, database, tmp_path / "other-spool")
+    assert batch is not None
+    first._send(batch, payload, 0)  # inserted by the process that then died
+    assert first.close(5)
+    assert count(store, "request_traces") == 500
+    again = sink_for(chdb_dsn, database, tmp_path / "spool")
+    assert again.flush(30) and again.stats().rows_written["request_traces"] == 500
+    assert again.close(5)
+    assert count(store, "request_traces") == 500
+
+
+def test_write_never_blocks_while_the_store_hangs(database: str, chdb_dsn: str,
+                                                  tmp_path: Path) -> None:
+    release = threading.Event()
+
+    def hang() -> Any:  # a server that accepts the connection and never answers
+        release.wait(30)
+        raise OperationalError("read timed out")
+
+    sink = sink_for(chdb_dsn, database, tmp_path / "spool", connect=hang)
+    rows = [trace(i, ts=1e9) for i in range(50_000)]
+    start = time.perf_counter()
+    for row in rows:
+        sink.write("request_traces", row)
+    took = time.perf_counter() - start
+    assert took < 2.0  # ~1 us a row; the hung store is never waited for
+    assert sink.flush(1.0) is False  # spooled, not delivered
+    assert sink.stats().spool_batches == 5
+    release.set()
+    sink.close(0.3)

@@ -1,0 +1,237 @@
+"""Every saved query runs on chDB and answers what Python computes from the same rows.
+
+One twin run (vLLM's real scheduler, the probe, the RequestTracker) writes its rows through
+the ClickHouse sink into a database of this module; each test runs one saved query and
+compares it with figures computed in Python from the rows the tracker emitted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import calendar
+import json
+import math
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvscope import query, schema
+from kvscope.sinks.base import SinkManager
+from kvscope.sinks.clickhouse import ClickHouseSink
+from kvscope.sinks.rows import RequestTrace, SchedulerDecision
+from tests.clickhouse.conftest import FAST, clickhouse_connect, count, database_name
+from tests.clickhouse.twinrun import BLOCK_SIZE
+
+pytestmark = [pytest.mark.clickhouse, pytest.mark.twin]
+
+
+@dataclass
+class Run:
+    client: Any
+    traces: list[RequestTrace]
+    decisions: list[SchedulerDecision]
+    rows: list[Any]
+    dsn: str
+    database: str
+
+
+@pytest.fixture(scope="module")
+def run(chdb_dsn: str, twin_runner: Any, tmp_path_factory: pytest.TempPathFactory,
+        request: pytest.FixtureRequest) -> Iterator[Run]:
+    db = database_name(request.node.nodeid)
+    sink = ClickHouseSink(chdb_dsn, database=db, options=FAST,
+                          spool_dir=str(tmp_path_factory.mktemp("spool")))
+    manager = SinkManager([sink])
+    rows: list[Any] = []
+    twin_runner(lambda r: (rows.append(r), manager.emit(r)))
+    assert sink.flush(60)
+    stats = sink.stats()
+    manager.close()
+    assert stats.errors == 0 and not any(stats.rows_dropped.values())
+    client = clickhouse_connect.get_client(dsn=chdb_dsn, database=db)
+    yield Run(client, [r for r in rows if isinstance(r, RequestTrace)],
+              [r for r in rows if isinstance(r, SchedulerDecision)], rows, chdb_dsn, db)
+    client.close()
+
+
+def ms(ts: float) -> int:
+    return round(ts * 1000)
+
+
+def hour(ts: float) -> int:
+    return ms(ts) // 3_600_000 * 3600
+
+
+def epoch(dt: datetime) -> int:
+    """clickhouse-connect returns naive UTC datetimes."""
+    return calendar.timegm(dt.utctimetuple())
+
+
+def saved(r: Run, name: str, **params: str) -> list[dict[str, Any]]:
+    cols, rows = query.run_saved(r.client, query.SavedQuery.load(name), params)
+    return [dict(zip(cols, row, strict=True)) for row in rows]
+
+
+def test_every_table_holds_every_row(run: Run) -> None:
+    by_table: dict[str, int] = defaultdict(int)
+    for row in run.rows:
+        by_table[type(row).__name__] += 1
+    assert count(run.client, "request_traces") == by_table["RequestTrace"] == 80
+    assert count(run.client, "request_events") == by_table["RequestEvent"]
+    assert count(run.client, "scheduler_decisions") == by_table["SchedulerDecision"]
+    assert count(run.client, "step_stats") == by_table["StepStat"]
+    assert sum(t.preempt_count for t in run.traces) > 0  # the workload preempts
+
+
+def test_hourly_preemptions(run: Run) -> None:
+    want: dict[int, dict[str, Any]] = defaultdict(lambda: {
+        "requests": 0, "preempted": 0, "preemptions": 0, "needed": [], "run": [], "adm": []})
+    for t in run.traces:
+        h = want[hour(t.ts)]
+        h["requests"] += 1
+        h["preempted"] += t.preempt_count > 0
+        if t.max_contiguous_free_blocks_at_alloc >= 0:
+            h["adm"].append(t.max_contiguous_free_blocks_at_alloc)
+    preempts = [d for d in run.decisions if d.decision == "preempt"]
+    for d in preempts:
+        h = want[hour(d.ts)]
+        h["needed"] += [d.blocks_needed] if d.blocks_needed >= 0 else []
+        h["run"] += [d.max_contiguous_free] if d.max_contiguous_free >= 0 else []
+        h["preemptions"] += 1
+    got = saved(run, "hourly_preemptions")
+    assert [epoch(g["hour"]) for g in got] == sorted(want)
+    assert sum(g["preemptions"] for g in got) == len(preempts) > 0
+    for g in got:
+        w = want[epoch(g["hour"])]
+        assert g["requests"] == w["requests"]
+        assert g["preempted_requests"] == w["preempted"]
+        assert g["preemption_rate"] == pytest.approx(round(w["preempted"] / w["requests"], 4))
+        assert g["preemptions"] == w["preemptions"]
+        assert g["avg_blocks_needed"] == pytest.approx(
+            round(sum(w["needed"]) / len(w["needed"]), 2))
+        assert g["min_contiguous_at_preemption"] == min(w["run"])
+        assert g["min_contiguous_at_admission"] == min(w["adm"])
+
+
+def test_top_preempted_requests(run: Run) -> None:
+    preempted = [t for t in run.traces if t.preempt_count > 0]
+    want = sorted(preempted, key=lambda t: (-t.preempt_count, -t.recomputed_tokens, ms(t.ts),
+                                            t.request_id))[:5]
+    got = saved(run, "top_preempted_requests", limit="5")
+    assert [g["request_id"] for g in got] == [t.request_id for t in want]
+    assert [g["preempt_count"] for g in got] == [t.preempt_count for t in want]
+    assert [g["recomputed_tokens"] for g in got] == [t.recomputed_tokens for t in want]
+    assert len(saved(run, "top_preempted_requests", limit="1000")) == len(preempted)
+
+
+def test_blocks_needed_vs_free(run: Run) -> None:
+    preempts = [d for d in run.decisions if d.decision == "preempt"]
+    got = {g["reason"]: g for g in saved(run, "blocks_needed_vs_free")}
+    assert set(got) == {d.reason for d in preempts}
+    for reason, g in got.items():
+        ds = [d for d in preempts if d.reason == reason]
+        known = [d for d in ds if d.blocks_needed >= 0 and d.free_blocks >= 0]
+        assert g["preemptions"] == len(ds)
+        assert g["with_facts"] == len(known)
+        assert g["free_lt_needed"] == sum(d.free_blocks < d.blocks_needed for d in known)
+        assert g["free_ge_needed"] == sum(d.free_blocks >= d.blocks_needed for d in known)
+        assert g["enough_free_no_run"] == sum(
+            d.free_blocks >= d.blocks_needed and 0 <= d.max_contiguous_free < d.blocks_needed
+            for d in known)
+    # vLLM V1: every kv_full preemption is a plain shortage of free blocks
+    kv = got["kv_full"]
+    assert kv["free_lt_needed"] == kv["with_facts"] == kv["preemptions"] > 0
+
+
+def test_tail_waste_by_prompt_len(run: Run) -> None:
+    buckets: dict[int, list[RequestTrace]] = defaultdict(list)
+    for t in run.traces:
+        if t.allocated_blocks > 0 and t.required_blocks > 0:
+            le = 1 if t.prompt_len <= 1 else 2 ** math.ceil(math.log2(t.prompt_len))
+            buckets[le].append(t)
+    got = saved(run, "tail_waste_by_prompt_len", block_size=str(BLOCK_SIZE))
+    assert [g["prompt_len_le"] for g in got] == sorted(buckets)
+    for g in got:
+        ts = buckets[g["prompt_len_le"]]
+        tokens = sum(t.prompt_len + t.output_len for t in ts)
+        waste = sum(t.required_blocks for t in ts) * BLOCK_SIZE - tokens
+        assert g["requests"] == len(ts)
+        assert g["tail_waste_tokens"] == waste
+        assert 0 <= waste < BLOCK_SIZE * len(ts)  # at most one partial block per request
+        assert g["avg_tail_waste_tokens"] == pytest.approx(round(waste / len(ts), 2))
+        assert g["allocated_waste_tokens"] == sum(
+            t.allocated_blocks for t in ts) * BLOCK_SIZE - tokens
+
+
+def test_preemption_cost(run: Run) -> None:
+    (g,) = saved(run, "preemption_cost")
+    pre = [t for t in run.traces if t.preempt_count > 0]
+    recomputed = sum(t.recomputed_tokens for t in run.traces)
+    tokens = sum(t.prompt_len + t.output_len for t in run.traces)
+    assert (g["model"], g["engine"]) == (run.traces[0].model, run.traces[0].engine)
+    assert g["requests"] == len(run.traces)
+    assert g["preempted_requests"] == len(pre)
+    assert g["preemptions"] == sum(t.preempt_count for t in run.traces)
+    assert g["total_recomputed_tokens"] == recomputed > 0
+    assert g["total_tokens"] == tokens
+    assert g["recomputed_ratio"] == pytest.approx(round(recomputed / tokens, 4))
+    assert g["max_recomputed_tokens"] == max(t.recomputed_tokens for t in run.traces)
+    assert g["avg_recomputed_per_preempted"] == pytest.approx(
+        round(sum(t.recomputed_tokens for t in pre) / len(pre), 2))
+
+
+def test_filters_select_nothing_for_another_model(run: Run) -> None:
+    for name in ("hourly_preemptions", "top_preempted_requests", "preemption_cost"):
+        assert saved(run, name, model="no-such-model") == []
+
+
+def _fill(q: query.SavedQuery) -> dict[str, str]:
+    """A value for each parameter without a default (e.g. the layout heatmap's)."""
+    sample = {"String": "", "DateTime64(3)": "2026-01-01 00:00:00.000"}
+    return {k: sample.get(t, "1") for k, t in q.types.items() if k not in q.defaults}
+
+
+def test_every_saved_query_runs(run: Run) -> None:
+    names = [f.name[:-4] for f in schema.sql_files("queries")]
+    assert {"hourly_preemptions", "top_preempted_requests", "blocks_needed_vs_free",
+            "tail_waste_by_prompt_len", "preemption_cost"} <= set(names)
+    for name in names:
+        q = query.SavedQuery.load(name)
+        assert q.about, f"{name} needs a leading comment saying what it answers"
+        query.run_saved(run.client, q, _fill(q))
+
+
+def cli(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    query.add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["query", *argv])
+
+
+def test_query_command_formats(run: Run, capsys: pytest.CaptureFixture[str],
+                               tmp_path: Path) -> None:
+    # the test's own client holds the engine; the command opens another on the same path
+    base = ["--dsn", run.dsn, "--database", run.database]
+    assert query.run(cli("preemption_cost", *base, "--format", "json")) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["requests"] == 80
+    assert query.run(cli("top_preempted_requests", *base, "--param", "limit=3",
+                         "--format", "csv")) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("ended,model,engine,request_id") and len(lines) == 4
+    assert query.run(cli("blocks_needed_vs_free", *base)) == 0
+    out = capsys.readouterr().out
+    assert "kv_full" in out and out.rstrip().endswith("(1 rows)")
+    assert query.run(cli("--list")) == 0
+    assert "hourly_preemptions" in capsys.readouterr().out
+    assert query.run(cli("hourly_preemptions", *base, "--param", "days=x",
+                         "--param", "nope=1")) == 2
+    err = capsys.readouterr().err
+    assert "unknown parameter 'nope'" in err and "days: 'x' is not a UInt32" in err
+    assert query.run(cli("no_such_query", *base)) == 2
+    assert query.run(cli("preemption_cost", "--dsn",
+                         f"chdb://{tmp_path}/missing")) == 1
