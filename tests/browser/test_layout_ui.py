@@ -1,0 +1,131 @@
+"""The /ui page in headless Chromium: it draws fast, its pixels say what /api/layout says,
+hovering a block names its owner, and a bearer token given as ?token= works."""
+
+from __future__ import annotations
+
+import io
+import time
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+from tests.browser.conftest import ARTIFACTS
+
+from kvscope.sidecar import palette
+from kvscope.sidecar.layout_snapshot import STATE_NAMES
+
+pytestmark = [pytest.mark.twin, pytest.mark.browser]
+
+ALLOCATED = STATE_NAMES.index("allocated")
+
+
+def expand(layout: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    runs = np.array(layout["runs"], dtype=np.int64)
+    return np.repeat(runs[:, 0], runs[:, 3]), np.repeat(runs[:, 1], runs[:, 3])
+
+
+def expected_color(layout: dict[str, Any], state: int, owner: int) -> str:
+    if state != ALLOCATED:
+        return palette.STATE_COLORS[STATE_NAMES[state]]
+    if owner < 0:
+        return palette.UNOWNED
+    return palette.owner_color(layout["owners"][owner]["req_id"])
+
+
+def open_ui(page: Any, url: str) -> float:
+    """Load the page; seconds until its first heatmap is drawn."""
+    t0 = time.monotonic()
+    page.goto(url)
+    page.wait_for_function("window.kvscope && window.kvscope.draws > 0", timeout=2000)
+    return time.monotonic() - t0
+
+
+def pick_blocks(states: np.ndarray, owners: np.ndarray) -> list[int]:
+    """The null block, the first free and cached ones, and one block of each owner."""
+    picks = [0]
+    for s in (0, 1):
+        hits = np.flatnonzero(states == s)
+        if hits.size:
+            picks.append(int(hits[0]))
+    for o in np.unique(owners[owners >= 0]):
+        picks.append(int(np.flatnonzero(owners == o)[-1]))
+    return picks
+
+
+def test_heatmap_pixels_match_the_api_and_hover_names_the_owner(serve: Any, page: Any) -> None:
+    srv = serve(None)
+    elapsed = open_ui(page, f"{srv.url}/ui")
+    assert elapsed < 2.0
+
+    assert page.evaluate("window.kvscope.palette") == {
+        **palette.STATE_COLORS, "unowned": palette.UNOWNED, "owners": list(palette.OWNER_PALETTE)}
+    api = httpx.get(f"{srv.url}/api/layout", timeout=5).json()["engines"][0]
+    layout = api["layout"]
+    drawn = page.evaluate("window.kvscope.lastLayout.layout")
+    assert (drawn["step"], drawn["runs"]) == (layout["step"], layout["runs"])
+    states, owners = expand(layout)
+    assert states.size == api["num_blocks"] and not layout["truncated"]
+    seen = set(states.tolist())
+    assert {2, 3} <= seen and seen & {0, 1}  # allocated, null, and some free or cached
+
+    shot = Image.open(io.BytesIO(page.locator("#heat").screenshot())).convert("RGB")
+    picks = pick_blocks(states, owners)
+    assert len(picks) >= 5
+    for i in picks:
+        r = page.evaluate("i => window.kvscope.cellRect(i)", i)
+        px = shot.getpixel((int(r["x"] + r["w"] / 2), int(r["y"] + r["h"] / 2)))
+        want = palette.rgb(expected_color(layout, int(states[i]), int(owners[i])))
+        assert max(abs(a - b) for a, b in zip(px, want, strict=True)) <= 2, (i, px, want)
+
+    block = max((i for i in picks if states[i] == ALLOCATED),
+                key=lambda i: layout["owners"][owners[i]]["blocks"])
+    owner = layout["owners"][owners[block]]
+    box = page.locator("#heat").bounding_box()
+    r = page.evaluate("i => window.kvscope.cellRect(i)", block)
+    page.mouse.move(box["x"] + r["x"] + r["w"] / 2, box["y"] + r["y"] + r["h"] / 2)
+    tip = page.locator("#tip")
+    tip.wait_for(state="visible", timeout=2000)
+    text = tip.inner_text()
+    assert f"block {block}" in text and "allocated" in text
+    assert owner["req_id"] in text
+    assert f"{owner['blocks']} blocks" in text
+    assert f"{owner['fragments']} fragment" in text
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / "layout-ui.png"
+    page.screenshot(path=str(path), full_page=True)
+    print(f"\n/ui screenshot: {path}")
+    assert page.locator("#pre table tbody tr").count() == len(api["preemptions"]) > 0
+
+
+def test_a_token_in_the_page_url_is_sent_with_every_fetch(serve: Any, page: Any) -> None:
+    srv = serve("s3cret")
+    assert httpx.get(f"{srv.url}/api/layout", timeout=5).status_code == 401
+    assert httpx.get(f"{srv.url}/ui", timeout=5).status_code == 401  # the page is guarded too
+    assert httpx.get(f"{srv.url}/ui?token=wrong", timeout=5).status_code == 401
+    assert open_ui(page, f"{srv.url}/ui?token=s3cret") < 2.0
+    assert page.locator("#status").inner_text().startswith("live")
+
+
+def test_dump_of_the_busy_twin_validates_and_draws(serve: Any) -> None:
+    import json
+
+    import jsonschema
+    from tests.unit.test_layout_api import SCHEMA
+
+    from kvscope import layout_dump, layout_png
+
+    srv = serve(None)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    out, png = ARTIFACTS / "layout.json", ARTIFACTS / "layout.png"
+    assert layout_dump.main(["layout", "dump", "--output", str(out), "--png", str(png),
+                             "--url", srv.url, "--history", "3600"]) == 0
+    body = json.loads(out.read_text())
+    jsonschema.validate(body, SCHEMA)
+    (e,) = body["engines"]
+    assert len(e["timeline"]["snapshots"]) > 50
+    img = Image.open(png)
+    assert img.size == layout_png.png_size(body)
+    print(f"\nlayout dump: {out} and {png}")

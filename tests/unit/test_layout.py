@@ -1,0 +1,143 @@
+"""Layout snapshots and the sampler, from hand-made probe frames fed to a real Hub."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+from kvscope import wire
+from kvscope.sidecar.hub import Hub
+from kvscope.sidecar.layout import LayoutSampler, decode_runs, encode_runs, layout_rows
+from kvscope.sidecar.layout_snapshot import fragments
+from tests.unit.test_hub import feed
+from tests.unit.test_wire import hello, step
+
+F, C, U, N = wire.STATE_FREE, wire.STATE_CACHED, wire.STATE_USED, wire.STATE_NULL
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def pool(states: list[int], tables: dict[str, list[list[int]]], tokens: dict[str, int],
+         groups: int = 1) -> Hub:
+    """A Hub holding one engine whose ledger is exactly this keyframe."""
+    kv = [wire.KVGroup("FullAttentionSpec", 16) for _ in range(groups)]
+    h = hello(num_blocks=len(states), kv_groups=kv)
+    kf = wire.Keyframe(hello=h, states=bytes(states), tables=tables, tokens=tokens)
+    hub = Hub()
+    assert feed(hub, [h, step(), kf], 0)
+    return hub
+
+
+def test_fragments_count_runs_of_consecutive_ids_and_skip_the_null_block() -> None:
+    assert fragments([]) == 0
+    assert fragments([4, 5, 6]) == 1
+    assert fragments([4, 5, 9, 10, 2]) == 3
+    assert fragments([0, 0, 7, 8]) == 1  # sliding-window tables hold null placeholders
+
+
+def test_runs_round_trip() -> None:
+    s = np.array([3, 2, 2, 2, 0, 1, 1], np.uint8)
+    o = np.array([-1, 0, 0, 1, -1, -1, -1], np.int32)
+    g = np.zeros(7, np.int16)
+    runs = encode_runs(s, o, g)
+    assert runs.tolist() == [[3, -1, 0, 1], [2, 0, 0, 2], [2, 1, 0, 1], [0, -1, 0, 1],
+                             [1, -1, 0, 2]]
+    for a, b in zip(decode_runs(runs), (s, o, g), strict=True):
+        assert a.tolist() == b.tolist()
+
+
+def test_a_snapshot_names_owners_states_and_figures() -> None:
+    #          0  1  2  3  4  5  6  7  8  9
+    states = [N, U, U, F, U, U, C, C, F, U]
+    hub = pool(states, {"a": [[1, 2, 9]], "b": [[4, 5, 1]]}, {"a": 40, "b": 33})
+    sampler = LayoutSampler(hub)
+    (snap,) = sampler.tick(now=100.0)
+    assert snap.runs.tolist() == [
+        [N, -1, 0, 1], [U, 0, 0, 2], [F, -1, 0, 1], [U, 1, 0, 2], [C, -1, 0, 2],
+        [F, -1, 0, 1], [U, 0, 0, 1]]
+    a, b = snap.owners
+    assert (a.req_id, a.blocks, a.fragments, a.tokens, a.shared_blocks) == ("a", 3, 2, 40, 0)
+    assert (b.req_id, b.blocks, b.fragments, b.tokens, b.shared_blocks) == ("b", 3, 2, 33, 1)
+    assert (snap.free_blocks, snap.cached_blocks, snap.used_blocks) == (4, 2, 5)
+    assert snap.max_contiguous_free == 3  # blocks 6, 7, 8
+    assert hub.engines["0"].ledger.max_contiguous_free() == snap.max_contiguous_free
+    assert (snap.engine, snap.model, snap.step, snap.ts) == ("0", "tiny", 1, 100.0)
+
+
+def test_with_several_kv_groups_allocated_blocks_carry_their_group() -> None:
+    states = [N, U, U, F, U, C]
+    hub = pool(states, {"a": [[1], [2, 4]]}, {"a": 16}, groups=2)
+    (snap,) = LayoutSampler(hub).tick(now=1.0)
+    _, owner, group = decode_runs(snap.runs)
+    assert group.tolist() == [-1, 0, 1, -1, 1, -1]  # free, cached and null are shared
+    assert owner.tolist() == [-1, 0, 0, -1, 0, -1]
+    assert snap.owners[0].blocks == 3 and snap.owners[0].fragments == 3  # 1 + 2 runs
+
+
+def test_sampling_is_rate_limited_and_an_idle_engine_costs_no_new_bytes() -> None:
+    hub = pool([N, U, F, F], {"a": [[1]]}, {"a": 3})
+    sampler = LayoutSampler(hub, interval_s=1.0)
+    (first,) = sampler.tick(now=10.0)
+    assert sampler.tick(now=10.5) == []
+    (again,) = sampler.tick(now=11.0)
+    assert again.runs is first.runs and again.cost == 0 and again.ts == 11.0
+    feed(hub, [step(ops=[(wire.OP_ALLOC, [2])], free_blocks=1)], 3)
+    (moved,) = sampler.tick(now=12.0)
+    assert moved.used_blocks == 2 and moved.cost > 0
+    assert [p.free_blocks for p in sampler.points("0")] == [2, 2, 1]
+    assert [s.ts for s in sampler.snapshots("0", 10.5, 12.0)] == [11.0, 12.0]
+
+
+def test_a_stale_ledger_is_not_sampled_and_says_so() -> None:
+    hub = pool([N, F, F], {}, {})
+    sampler = LayoutSampler(hub)
+    sampler.tick(now=1.0)
+    feed(hub, [step()], 9)  # records 3..8 never arrived: a gap
+    assert sampler.tick(now=2.0) == []
+    assert sampler.is_stale("0")
+    assert sampler.points("0")[-1].free_blocks is None
+    assert sampler.latest("0").ts == 1.0  # the last exact one is kept, not updated
+    feed(hub, [step(), wire.Keyframe(hello=hello(num_blocks=3), states=bytes([N, U, F]),
+                                     tables={}, tokens={})], 10)
+    (snap,) = sampler.tick(now=3.0)
+    assert not sampler.is_stale("0") and snap.used_blocks == 1
+
+
+def test_history_is_bounded_by_count_and_by_bytes() -> None:
+    hub = pool([N] + [F] * 63, {}, {})
+    sampler = LayoutSampler(hub, history=5)
+    for t in range(20):
+        feed(hub, [step(ops=[(wire.OP_ALLOC, [1 + t])], free_blocks=62 - t)], 3 + t)
+        sampler.tick(now=float(t))
+    assert len(sampler.snapshots("0", 0, 100)) == 5 and len(sampler.points("0")) == 5
+    tight = LayoutSampler(hub, history=600, history_bytes=1)
+    for t in range(3):
+        tight.tick(now=float(t))
+        feed(hub, [step()], 23 + t)
+    assert len(tight.snapshots("0", 0, 100)) == 1  # never fewer than the latest
+
+
+def test_subscribers_get_every_new_snapshot() -> None:
+    hub = pool([N, F], {}, {})
+    sampler = LayoutSampler(hub)
+    got: list[float] = []
+    sampler.subscribe(lambda s: got.append(s.ts))
+    sampler.tick(now=1.0)
+    sampler.tick(now=2.0)
+    assert got == [1.0, 2.0]
+
+
+def test_layout_rows_fill_every_column_of_the_table() -> None:
+    hub = pool([N, U, U, C, F], {"a": [[2, 1]]}, {"a": 20})
+    (snap,) = LayoutSampler(hub).tick(now=1_700_000_000.25)
+    (row,) = layout_rows(snap)
+    ddl = (ROOT / "clickhouse/schema/050_layout_snapshots.sql").read_text()
+    body = ddl[ddl.index("(") + 1: ddl.index("ENGINE")]
+    columns = re.findall(r"^\s+([a-z_]+) ", body, flags=re.M)
+    assert list(row) == columns
+    assert row["states"] == [N, U, U, C, F]
+    assert row["owner"] == [0, 1, 1, 0, 0] and row["owner_req_ids"] == ["a"]
+    assert row["block_group"] == [0] * 5
+    assert row["owner_fragments"] == [2]  # 2 then 1: two runs, not one
+    assert row["ts"] == 1_700_000_000.25
