@@ -1,0 +1,1 @@
+"""kvscope's Prometheus rules: ``config`` (what to tune), rule modules, and ``generate``."""

@@ -1,0 +1,189 @@
+"""Alerts on kvscope itself: the probe, the ledger, the receiver, the sidecar and its sinks.
+
+None of these pages: vLLM keeps serving while kvscope is blind. But a blind kvscope cannot
+page for the pool either (the P1 needs the ledger in sync), so they are warnings.
+"""
+
+from __future__ import annotations
+
+from alerts.config import Config
+from alerts.promql import Promql, Rule, alert
+
+PROBE = "The kvscope probe in engine {{ $labels.engine }} ({{ $labels.model }})"
+LEDGER = "kvscope's rebuilt block pool of engine {{ $labels.engine }} ({{ $labels.model }})"
+SIDECAR = "The kvscope sidecar {{ $labels.instance }}"
+SINK = "Sink {{ $labels.sink }} of the kvscope sidecar {{ $labels.instance }}"
+
+
+def probe_alerts(cfg: Config) -> list[Rule]:
+    q = Promql(cfg)
+    w = cfg.probe_problem_window
+    busy = (
+        f"{q.by_engine('sum', q.m('vllm_scheduler_running_requests'))}\n+\n"
+        f"{q.by_engine('sum', q.m('vllm_scheduler_waiting_requests'))}\n> 0"
+    )
+    return [
+        alert(
+            cfg,
+            "KVScopeProbeSilent",
+            # An idle engine calls no schedule() and sends nothing: only silence after a
+            # step that left requests running or waiting means something stopped.
+            f"{q.by_engine('max', q.m('kvscope_probe_last_record_age_seconds'))}\nand\n"
+            f"{q.by_engine('max', q.m('kvscope_probe_connected'))} == 0\nand\n{busy}",
+            severity="warning",
+            for_=cfg.probe_silent_for,
+            summary="The kvscope probe stopped sending although its engine had requests "
+            "to schedule.",
+            description=f"{PROBE} has sent nothing for {{{{ $value | humanizeDuration }}}} "
+            "although its last step left requests running or waiting. The engine is "
+            "stalled or dead, or the probe cannot reach the sidecar.",
+            dashboard=cfg.dashboards.blocks,
+        ),
+        alert(
+            cfg,
+            "KVScopeProbeRecordsDropped",
+            f"{q.increase('kvscope_probe_records_dropped_total', w)} > 0",
+            severity="warning",
+            for_=cfg.probe_dropped_for,
+            summary="The kvscope probe is dropping records instead of blocking vLLM.",
+            description=f"{PROBE} dropped {{{{ $value | humanize }}}} records in the last "
+            f"{w}. After each drop the sidecar's view of the pool is stale until the next "
+            "keyframe: block gauges are absent and the P1 alert is blind meanwhile.",
+            dashboard=cfg.dashboards.blocks,
+        ),
+        alert(
+            cfg,
+            "KVScopeProbeFaults",
+            f"{q.increase('kvscope_probe_faults_total', w)} > 0",
+            severity="warning",
+            summary="The kvscope probe contained errors inside vLLM.",
+            description=f"{PROBE} caught {{{{ $value | humanize }}}} errors of its own in "
+            f"the last {w}. vLLM was not affected, but the probe switches itself off after "
+            "1000 of them.",
+            dashboard=cfg.dashboards.blocks,
+        ),
+    ]
+
+
+def ledger_alerts(cfg: Config) -> list[Rule]:
+    q = Promql(cfg)
+    return [
+        alert(
+            cfg,
+            "KVScopeLedgerStale",
+            f"{q.by_engine('max', q.m('kvscope_ledger_synced'))} == 0\nand\n"
+            f"{q.by_engine('max', q.m('kvscope_probe_connected'))} == 1",
+            severity="warning",
+            for_=cfg.ledger_stale_for,
+            summary="kvscope's view of a KV block pool has been stale for long although "
+            "the probe keeps sending.",
+            description=f"{LEDGER} has been out of sync for {cfg.ledger_stale_for} while "
+            "its probe keeps sending: no keyframe has repaired it. Block gauges (free "
+            "blocks, contiguity, tail waste) are absent, so the P1 alert cannot fire.",
+            dashboard=cfg.dashboards.blocks,
+        ),
+        alert(
+            cfg,
+            "KVScopeLedgerMismatch",
+            f"{q.increase('kvscope_ledger_mismatches_total', cfg.probe_problem_window)} > 0",
+            severity="warning",
+            summary="kvscope's rebuilt KV block pool disagreed with the probe's own count.",
+            description=f"{LEDGER} had {{{{ $value | humanize }}}} self-check failure(s) in "
+            f"the last {cfg.probe_problem_window} (the probe's free count or a keyframe "
+            "differed from the replayed operations). Each mismatch marks the pool stale "
+            "until the next keyframe; without dropped records it is a kvscope bug.",
+            dashboard=cfg.dashboards.blocks,
+        ),
+    ]
+
+
+def sidecar_alerts(cfg: Config) -> list[Rule]:
+    q = Promql(cfg)
+    drift = q.m("kvscope_reconciliation_preemptions_diff")
+    rw = cfg.reconciliation_window
+    return [
+        alert(
+            cfg,
+            "KVScopeProbeFramesRejected",
+            q.increase(
+                "kvscope_probe_frames_rejected_total",
+                cfg.probe_problem_window,
+                by=", ".join((*cfg.sidecar_labels, "reason")),
+            )
+            + " > 0",
+            severity="warning",
+            for_=cfg.frames_rejected_for,
+            summary="The kvscope sidecar is refusing probe frames.",
+            description=f"{SIDECAR} refused {{{{ $value | humanize }}}} probe frames in "
+            f"the last {cfg.probe_problem_window} for reason {{{{ $labels.reason }}}}. "
+            "'version' means a probe and a sidecar of different kvscope releases; the "
+            "records in refused frames are lost.",
+            dashboard=cfg.dashboards.blocks,
+            per_engine=False,
+        ),
+        alert(
+            cfg,
+            "KVScopeSidecarDown",
+            f"{q.m('up')} == 0",
+            severity="warning",
+            for_=cfg.sidecar_down_for,
+            summary="Prometheus cannot scrape the kvscope sidecar.",
+            description=f"Prometheus has failed to scrape {{{{ $labels.instance }}}} (job "
+            f"{{{{ $labels.job }}}}) for {cfg.sidecar_down_for}: no kvscope metric and no "
+            "kvscope alert for the engines it watches. vLLM itself is not affected.",
+            dashboard=cfg.dashboards.blocks,
+            per_engine=False,
+        ),
+        alert(
+            cfg,
+            "KVScopeReconciliationDrift",
+            f"min_over_time({drift}[{rw}]) > 0\nor\nmax_over_time({drift}[{rw}]) < 0",
+            severity="warning",
+            summary="kvscope's preemption count and vLLM's own have disagreed for long.",
+            description=f"For engine {{{{ $labels.engine }}}} ({{{{ $labels.model }}}}) "
+            "kvscope's preemption count minus vLLM's vllm:num_preemptions_total stayed at "
+            f"{{{{ $value }}}} or further from 0 for {rw}: one of the two misses "
+            "preemptions (for example a probe that was off for a while).",
+            dashboard=cfg.dashboards.blocks,
+        ),
+    ]
+
+
+def sink_alerts(cfg: Config) -> list[Rule]:
+    q = Promql(cfg)
+    by = ", ".join((*cfg.sidecar_labels, "sink"))
+    sw = cfg.sink_spool_window
+    return [
+        alert(
+            cfg,
+            "KVScopeSinkWriteErrors",
+            f"sum by ({by}) (increase({q.m('kvscope_sink_errors_total')}[5m])) > 0",
+            severity="warning",
+            for_=cfg.sink_errors_for,
+            summary="A kvscope sink keeps failing to write to its store.",
+            description=f"{SINK} has failed to deliver or spool batches for "
+            f"{cfg.sink_errors_for} ({{{{ $value | humanize }}}} errors in the last 5m). "
+            "Prometheus metrics are unaffected; traces and decisions wait in the spool.",
+            dashboard=cfg.dashboards.blocks,
+            per_engine=False,
+        ),
+        alert(
+            cfg,
+            "KVScopeSinkSpoolGrowing",
+            f"max by ({by}) (deriv({q.m('kvscope_sink_spool_bytes')}[{sw}])) > 0\nand\n"
+            f"max by ({by}) ({q.m('kvscope_sink_oldest_unsent_age_seconds')})"
+            f" > {cfg.sink_unsent_age_s}",
+            severity="warning",
+            for_=cfg.sink_spool_for,
+            summary="A kvscope sink's disk spool keeps growing: its store is not keeping up.",
+            description=f"{SINK} spools {{{{ $value | humanize1024 }}}}B/s more than it "
+            f"delivers (over {sw}) and its oldest unsent row is older than "
+            f"{cfg.sink_unsent_age_s} s. When the spool is full, rows are dropped.",
+            dashboard=cfg.dashboards.blocks,
+            per_engine=False,
+        ),
+    ]
+
+
+def health_alerts(cfg: Config) -> list[Rule]:
+    return [*probe_alerts(cfg), *ledger_alerts(cfg), *sidecar_alerts(cfg), *sink_alerts(cfg)]
