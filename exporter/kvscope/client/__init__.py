@@ -1,0 +1,36 @@
+"""kvscope's client side: an SDK with backpressure and a circuit breaker, and (in
+:mod:`kvscope.client.middleware`) an ASGI middleware for vLLM's API server.
+
+Importing this package does not import the middleware (which needs pyzmq).
+"""
+
+from kvscope.client.breaker import BreakerSnapshot, CircuitBreaker, State
+from kvscope.client.config import ClientConfig
+from kvscope.client.core import ClientState
+from kvscope.client.errors import (
+    APIStatusError,
+    CircuitOpenError,
+    KVScopeClientError,
+    ResponseFormatError,
+)
+from kvscope.client.preempt_rate import PreemptRateReading
+from kvscope.client.sdk import AsyncKVScopeClient, KVScopeClient
+from kvscope.client.window import Outcome, SlidingWindow, WindowRates
+
+__all__ = [
+    "APIStatusError",
+    "AsyncKVScopeClient",
+    "BreakerSnapshot",
+    "CircuitBreaker",
+    "CircuitOpenError",
+    "ClientConfig",
+    "ClientState",
+    "KVScopeClient",
+    "KVScopeClientError",
+    "Outcome",
+    "PreemptRateReading",
+    "ResponseFormatError",
+    "SlidingWindow",
+    "State",
+    "WindowRates",
+]
