@@ -19,6 +19,7 @@ fi
 # import, and a broken torchvision breaks transformers. Text generation needs none.
 .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 if [[ "$extras" == *dev* ]]; then
+  scripts/system-packages.sh
   # Grafana's LogQL grammar, to parse every saved LogQL query in the tests.
   npm ci --silent --no-audit --no-fund --prefix tools/logql
 fi

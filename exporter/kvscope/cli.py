@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from kvscope import __version__, loadgen, whatif
+from kvscope import __version__, layout_dump, loadgen, query, schema, whatif
 from kvscope.config import ENV, ConfigError, from_sources
 
 
@@ -38,6 +38,14 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", help=f"debug, info, warning or error [{ENV['log_level']}]")
     p.add_argument("--decision-log",
                    help=f"decision log file, '-' for stdout, 'off' [{ENV['decision_log']}]")
+    p.add_argument("--clickhouse-dsn",
+                   help=f"http(s)://..., chdb:///path or off; default embedded chDB in the "
+                        f"data dir [{ENV['clickhouse_dsn']}]")
+    p.add_argument("--clickhouse-ttl-days", type=int,
+                   help=f"days ClickHouse keeps rows, default 30 [{ENV['clickhouse_ttl_days']}]")
+    p.add_argument("--data-dir", help=f"embedded store and spool [{ENV['data_dir']}]")
+    p.add_argument("--layout-interval", dest="layout_interval_s", type=float,
+                   help=f"seconds between layout samples [{ENV['layout_interval_s']}]")
     p.add_argument("--decision-log-max-bytes", type=int,
                    help=f"rotate the decision log file at this size "
                         f"[{ENV['decision_log_max_bytes']}]")
@@ -71,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0)
     whatif.add_parser(sub)
     loadgen.add_parser(sub)
+    layout_dump.add_parser(sub)
+    query.add_parser(sub)
+    schema.add_parser(sub)
     return parser
 
 
@@ -102,6 +113,12 @@ def main(argv: list[str] | None = None) -> int:
         return whatif.run(args)
     if args.command == "loadgen":
         return loadgen.run(args)
+    if args.command == "layout":
+        return layout_dump.run(args)
+    if args.command == "query":
+        return query.run(args)
+    if args.command == "schema":
+        return schema.run(args)
     return 2
 
 

@@ -13,6 +13,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 
+def default_data_dir() -> str:
+    """Where the embedded store lives: $XDG_DATA_HOME/kvscope or ~/.local/share/kvscope."""
+    base = os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share")
+    return os.path.join(os.path.abspath(base), "kvscope")
+
+
 def default_endpoint() -> str:
     """A per-user ipc socket; the probe connects where the sidecar binds."""
     return f"ipc://{tempfile.gettempdir()}/kvscope-{os.getuid()}/probe.sock"
@@ -48,6 +54,21 @@ class ServeConfig:
     """Decision log: a file path (rotated), "-" for stdout, "off" (env KVSCOPE_DECISION_LOG)."""
     decision_log_max_bytes: int = 50 << 20
     """Rotate the decision log file at this size (env KVSCOPE_DECISION_LOG_MAX_BYTES)."""
+    clickhouse_dsn: str | None = field(default=None, repr=False)
+    """ClickHouse: http(s)://user:pass@host:port/db, chdb:///path, or "off"; default the
+    embedded chDB under the data directory (env KVSCOPE_CLICKHOUSE_DSN)."""
+    clickhouse_ttl_days: int = 30
+    """Days ClickHouse keeps rows (env KVSCOPE_CLICKHOUSE_TTL_DAYS)."""
+    data_dir: str = field(default_factory=default_data_dir)
+    """Embedded chDB store and its spool (env KVSCOPE_DATA_DIR)."""
+    layout_interval_s: float = 1.0
+    """Seconds between block-layout samples per engine (env KVSCOPE_LAYOUT_INTERVAL_S)."""
+
+    def store_dsn(self) -> str | None:
+        """The ClickHouse DSN to write to, None when the store is off."""
+        if self.clickhouse_dsn == "off":
+            return None
+        return self.clickhouse_dsn or f"chdb://{os.path.join(self.data_dir, 'chdb')}"
 
     def validate(self) -> None:
         errors: list[str] = []
@@ -70,6 +91,14 @@ class ServeConfig:
             errors.append(
                 f"binding {self.host} (not loopback) needs a token (--token / KVSCOPE_TOKEN)"
             )
+        if self.clickhouse_dsn not in (None, "off") and not self.clickhouse_dsn.startswith(
+            ("http://", "https://", "chdb://")
+        ):
+            errors.append("ClickHouse DSN must start with http://, https:// or chdb://, or be off")
+        if self.clickhouse_ttl_days < 1:
+            errors.append("ClickHouse TTL must be at least 1 day")
+        if not 0.05 <= self.layout_interval_s <= 3600:
+            errors.append("layout interval must be between 0.05 and 3600 seconds")
         if self.decision_log_max_bytes < 4096:
             errors.append("decision log rotation size must be at least 4096 bytes")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
@@ -98,6 +127,10 @@ ENV = {
     "log_level": "KVSCOPE_LOG_LEVEL",
     "decision_log": "KVSCOPE_DECISION_LOG",
     "decision_log_max_bytes": "KVSCOPE_DECISION_LOG_MAX_BYTES",
+    "clickhouse_dsn": "KVSCOPE_CLICKHOUSE_DSN",
+    "clickhouse_ttl_days": "KVSCOPE_CLICKHOUSE_TTL_DAYS",
+    "data_dir": "KVSCOPE_DATA_DIR",
+    "layout_interval_s": "KVSCOPE_LAYOUT_INTERVAL_S",
 }
 
 

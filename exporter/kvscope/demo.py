@@ -28,11 +28,11 @@ class DemoError(RuntimeError):
 
 def start_sidecar(endpoint: str, port: int, data_dir: Path) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "kvscope", "serve", "--endpoint", endpoint,
-           "--port", str(port), "--log-level", "warning",
-           "--decision-log", str(data_dir / "decisions.jsonl")]
+           "--port", str(port), "--log-level", os.environ.get("KVSCOPE_DEMO_SIDECAR_LOG", "warning"),
+           "--decision-log", str(data_dir / "decisions.jsonl"), "--data-dir", str(data_dir)]
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise DemoError(f"the sidecar exited with code {proc.returncode} "
@@ -43,10 +43,10 @@ def start_sidecar(endpoint: str, port: int, data_dir: Path) -> subprocess.Popen[
         except httpx.HTTPError:
             time.sleep(0.2)
     stop_process(proc)
-    raise DemoError("the sidecar did not answer within 30 s")
+    raise DemoError("the sidecar did not answer within 60 s")
 
 
-def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
+def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
     if proc.poll() is not None:
         return
     os.kill(proc.pid, signal.SIGTERM)
@@ -143,6 +143,7 @@ def run_demo(args: argparse.Namespace) -> int:
         return 1
     try:
         print(f"kvscope sidecar: {base}/metrics   (engine summary: {base}/api/engines)")
+        print(f"live block layout: {base}/ui")
         print(f"decision log:    {sock_dir / 'decisions.jsonl'}")
         print("loading vLLM's scheduler (the twin: vLLM's real Scheduler, no model)...",
               flush=True)

@@ -15,6 +15,7 @@ from kvscope.sidecar.hub import Hub
 from kvscope.sidecar.pressure import PressurePolicy, preempt_rate
 
 OPEN_PATHS = ("/healthz",)
+QUERY_TOKEN_PATHS = ("/ui",)  # a browser cannot set a header to load the page itself
 
 
 def engine_summary(st: EngineState) -> dict[str, Any]:
@@ -101,6 +102,8 @@ def create_app(
             if request.url.path in OPEN_PATHS:
                 return await call_next(request)
             given = request.headers.get("authorization", "").encode()
+            if request.url.path in QUERY_TOKEN_PATHS and "token" in request.query_params:
+                given = f"Bearer {request.query_params['token']}".encode()
             if not hmac.compare_digest(given, expected):
                 return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401)
             return await call_next(request)

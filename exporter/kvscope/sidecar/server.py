@@ -13,13 +13,17 @@ from kvscope.sidecar.app import create_app
 from kvscope.sidecar.clients import ClientJoin
 from kvscope.sidecar.gpu import GpuReader
 from kvscope.sidecar.hub import Hub
+from kvscope.sidecar.layout import LayoutSampler
+from kvscope.sidecar.layout_api import layout_router
 from kvscope.sidecar.metrics import KVScopeCollector
 from kvscope.sidecar.process import ProcessReader
 from kvscope.sidecar.receiver import Receiver
 from kvscope.sidecar.requests import RequestTracker
 from kvscope.sidecar.vllm_metrics import VllmScraper
 from kvscope.sinks.base import SinkManager
+from kvscope.sinks.clickhouse import ClickHouseSink
 from kvscope.sinks.decisionlog import DecisionLog
+from kvscope.sinks.metrics import SinkCollector
 from kvscope.sinks.rows import RequestTrace
 
 log = logging.getLogger("kvscope.sidecar")
@@ -36,6 +40,22 @@ class Sidecar:
         if cfg.decision_log != "off":
             path = None if cfg.decision_log == "-" else cfg.decision_log
             self.sinks.add(DecisionLog(path, max_bytes=cfg.decision_log_max_bytes))
+        dsn = cfg.store_dsn()
+        if dsn is not None:
+            store = ClickHouseSink(dsn, ttl_days=cfg.clickhouse_ttl_days,
+                                   spool_dir=f"{cfg.data_dir}/spool")
+            if dsn.startswith("chdb://"):
+                # An embedded store that cannot open (another process holds the directory)
+                # is a configuration error: say so now instead of spooling forever.
+                try:
+                    store.client()
+                except Exception as exc:
+                    store.close(1.0)
+                    raise RuntimeError(
+                        f"cannot open the embedded ClickHouse store in {cfg.data_dir} "
+                        f"({type(exc).__name__}); is another kvscope using it? "
+                        "Use --data-dir or --clickhouse-dsn") from None
+            self.sinks.add(store)
         self.clients = ClientJoin(self.sinks.emit)
         self.tracker = RequestTracker(self._route)
         self.hub.listeners.append(self.tracker.on_event)
@@ -56,6 +76,7 @@ class Sidecar:
                 clients=self.clients.stats,
             )
         )
+        self.registry.register(SinkCollector(self.sinks))
         self.app = create_app(
             self.hub,
             self.registry,
@@ -63,6 +84,12 @@ class Sidecar:
             token=cfg.token,
             receiver_error=lambda: self.receiver.error,
         )
+        self.layout = LayoutSampler(self.hub, interval_s=cfg.layout_interval_s)
+        self.app.include_router(layout_router(self.hub, self.layout))
+        # uvicorn re-raises SIGTERM/SIGINT once it has shut down, so nothing after
+        # server.run() is guaranteed to run: flush from the app's shutdown instead.
+        self.app.router.on_shutdown.append(self.stop_workers)
+        self._stopped = False
         self.server = uvicorn.Server(
             uvicorn.Config(
                 self.app,
@@ -83,21 +110,22 @@ class Sidecar:
         else:
             self.sinks.emit(row)
 
-    def start_background(self) -> None:
-        """Bind and start everything; the HTTP server runs on its own thread."""
+    def _start_workers(self) -> None:
         self.receiver.bind()
         self.receiver.start()
+        self.layout.start()
         if self.scraper:
             self.scraper.start()
+
+    def start_background(self) -> None:
+        """Bind and start everything; the HTTP server runs on its own thread."""
+        self._start_workers()
         self._thread = threading.Thread(target=self.server.run, name="kvscope-http", daemon=True)
         self._thread.start()
 
     def run(self) -> None:
         """Bind and serve until SIGINT / SIGTERM (uvicorn handles both)."""
-        self.receiver.bind()
-        self.receiver.start()
-        if self.scraper:
-            self.scraper.start()
+        self._start_workers()
         log.info("kvscope sidecar on http://%s:%d/metrics", self.cfg.host, self.cfg.port)
         try:
             self.server.run()
@@ -106,12 +134,21 @@ class Sidecar:
 
     def stop(self) -> None:
         self.server.should_exit = True
+        self.stop_workers()
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def stop_workers(self) -> None:
+        """Stop receiving, write out every row (or spool it), close the stores. Once."""
+        if self._stopped:
+            return
+        self._stopped = True
         if self.scraper:
             self.scraper.stop_event.set()
         self.receiver.stop()
+        self.layout.stop()
         with self.hub.lock:
             self.tracker.flush(self.hub.engines)
             self.clients.flush()
         self.sinks.close()
-        if self._thread is not None:
-            self._thread.join(10)
+        log.info("kvscope sidecar stopped")
