@@ -28,7 +28,7 @@ class DemoError(RuntimeError):
 
 def start_sidecar(endpoint: str, port: int, data_dir: Path) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "kvscope", "serve", "--endpoint", endpoint,
-           "--port", str(port), "--log-level", os.environ.get("KVSCOPE_DEMO_SIDECAR_LOG", "warning"),
+           "--port", str(port), "--log-level", "warning",
            "--decision-log", str(data_dir / "decisions.jsonl"), "--data-dir", str(data_dir)]
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True)
     base = f"http://127.0.0.1:{port}"

@@ -149,6 +149,12 @@ class LayoutSampler:
         with self.lock:
             return [s for s in self._snaps.get(engine, ()) if since <= s.ts <= until]
 
+    def oldest_ts(self, engine: str) -> float | None:
+        """Time of the oldest snapshot still held in memory for this engine."""
+        with self.lock:
+            snaps = self._snaps.get(engine)
+            return snaps[0].ts if snaps else None
+
     # -- thread ---------------------------------------------------------------------------
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="kvscope-layout", daemon=True)

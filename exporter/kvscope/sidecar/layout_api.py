@@ -10,6 +10,7 @@ itself, and the page sends it as an Authorization header with every fetch.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from functools import cache
 from importlib import resources
@@ -144,7 +145,11 @@ def ui_html() -> str:
     return (resources.files("kvscope.sidecar") / "ui" / "index.html").read_text("utf-8")
 
 
-def layout_router(hub: Hub, sampler: LayoutSampler) -> APIRouter:
+def layout_router(hub: Hub, sampler: LayoutSampler,
+                  store_history: Callable[[str, float, float, int], list[Any]] | None = None,
+                  ) -> APIRouter:
+    """Routes for layer 3; ``store_history`` reads snapshots older than the sampler's
+    memory (from ClickHouse ``layout_snapshots``) when a store is configured."""
     router = APIRouter()
 
     @router.get("/api/layout", summary="Each engine's KV block pool, run-length encoded")
@@ -181,6 +186,15 @@ def layout_router(hub: Hub, sampler: LayoutSampler) -> APIRouter:
         elif engine not in names:
             raise HTTPException(404, f"no engine {engine!r}")
         snaps = sampler.snapshots(engine, t0, t1)
+        source = "memory"
+        oldest = sampler.oldest_ts(engine)
+        if store_history is not None and (oldest is None or t0 < oldest - sampler.interval_s):
+            try:
+                snaps = store_history(engine, t0, t1, limit + 1)
+                source = "clickhouse"
+            except Exception as exc:  # noqa: BLE001 - the store may be down: say so
+                raise HTTPException(503, f"layout history store unavailable: "
+                                         f"{type(exc).__name__}") from None
         truncated = len(snaps) > limit
         snaps = snaps[-limit:]
         out, budget = [], max_runs
@@ -191,7 +205,7 @@ def layout_router(hub: Hub, sampler: LayoutSampler) -> APIRouter:
             budget -= s.runs.shape[0]
             out.append(snapshot_json(s, max_runs))
         out.reverse()
-        return {"engine": engine, "source": "memory", "since": t0, "until": t1,
+        return {"engine": engine, "source": source, "since": t0, "until": t1,
                 "interval_s": sampler.interval_s, "truncated": truncated, "snapshots": out}
 
     @router.get("/ui", response_class=HTMLResponse, summary="Live KV block layout page")

@@ -15,6 +15,8 @@ from kvscope.sidecar.gpu import GpuReader
 from kvscope.sidecar.hub import Hub
 from kvscope.sidecar.layout import LayoutSampler
 from kvscope.sidecar.layout_api import layout_router
+from kvscope.sidecar.layout_snapshot import layout_rows
+from kvscope.sidecar.layout_store import clickhouse_history, to_row
 from kvscope.sidecar.metrics import KVScopeCollector
 from kvscope.sidecar.process import ProcessReader
 from kvscope.sidecar.receiver import Receiver
@@ -41,6 +43,7 @@ class Sidecar:
             path = None if cfg.decision_log == "-" else cfg.decision_log
             self.sinks.add(DecisionLog(path, max_bytes=cfg.decision_log_max_bytes))
         dsn = cfg.store_dsn()
+        store: ClickHouseSink | None = None
         if dsn is not None:
             store = ClickHouseSink(dsn, ttl_days=cfg.clickhouse_ttl_days,
                                    spool_dir=f"{cfg.data_dir}/spool")
@@ -85,7 +88,9 @@ class Sidecar:
             receiver_error=lambda: self.receiver.error,
         )
         self.layout = LayoutSampler(self.hub, interval_s=cfg.layout_interval_s)
-        self.app.include_router(layout_router(self.hub, self.layout))
+        self.layout.subscribe(lambda snap: [self.sinks.emit(to_row(r)) for r in layout_rows(snap)])
+        history = clickhouse_history(store.client, store.database) if store else None
+        self.app.include_router(layout_router(self.hub, self.layout, history))
         # uvicorn re-raises SIGTERM/SIGINT once it has shut down, so nothing after
         # server.run() is guaranteed to run: flush from the app's shutdown instead.
         self.app.router.on_shutdown.append(self.stop_workers)

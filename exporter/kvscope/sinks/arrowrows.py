@@ -20,7 +20,8 @@ import pyarrow as pa
 from kvscope.sinks.rows import TABLES
 
 TIMESTAMP = pa.timestamp("ms", tz="UTC")
-_TYPES = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": pa.bool_()}
+_TYPES = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": pa.bool_(),
+          "list[int]": pa.list_(pa.int64()), "list[str]": pa.list_(pa.string())}
 
 
 def is_time(column: str) -> bool:

@@ -155,12 +155,40 @@ class ClientRequest:
     preempt_reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class LayoutSnapshotRow:
+    """One sample of an engine's block pool (table ``layout_snapshots``); the per-block
+    arrays are described in clickhouse/schema/050_layout_snapshots.sql."""
+
+    ts: float
+    model: str
+    engine: str
+    session: str
+    step: int
+    num_blocks: int
+    free_blocks: int
+    cached_blocks: int
+    used_blocks: int
+    max_contiguous_free: int
+    budget_utilization: float
+    running: int
+    waiting: int
+    kv_group_kinds: list[str]
+    states: list[int]
+    block_group: list[int]
+    owner: list[int]
+    owner_req_ids: list[str]
+    owner_blocks: list[int]
+    owner_fragments: list[int]
+
+
 TABLES: dict[str, type] = {
     "request_traces": RequestTrace,
     "request_events": RequestEvent,
     "scheduler_decisions": SchedulerDecision,
     "step_stats": StepStat,
     "client_requests": ClientRequest,
+    "layout_snapshots": LayoutSnapshotRow,
 }
 
 
