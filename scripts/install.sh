@@ -22,5 +22,7 @@ if [[ "$extras" == *dev* ]]; then
   scripts/system-packages.sh
   # Grafana's LogQL grammar, to parse every saved LogQL query in the tests.
   npm ci --silent --no-audit --no-fund --prefix tools/logql
+  # The Compose specification's JSON schema, to validate docker-compose.yml.
+  npm ci --silent --no-audit --no-fund --prefix tools/compose-spec
 fi
 .venv/bin/python -c "import kvscope, vllm; print('kvscope', kvscope.__version__, '/ vLLM', vllm.__version__)"

@@ -10,9 +10,9 @@ from dataclasses import fields
 
 import pytest
 import yaml
+
 from alerts.config import Config, Dashboards
 from alerts.rules import build
-
 from tests.stack.promstack import REPO, RULE_FILE, binary, load_rules, rule_key
 
 ALERT_TESTS = sorted((REPO / "alerts" / "tests").glob("*.yml"))

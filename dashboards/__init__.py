@@ -1,0 +1,1 @@
+"""kvscope's Grafana dashboards, built with grafana-foundation-sdk (``generate`` writes json/)."""

@@ -1,0 +1,231 @@
+"""Layer 1, blocks overview: budget vs blocks, the pool, preemptions, tail waste, GPU, health.
+
+The question it answers first: requests are preempted while the token budget looks idle,
+is the KV block pool what ran out? Everything is Prometheus (the sidecar's /metrics and
+the recording rules of alerts/kvscope.rules.yml).
+"""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import dashboard as db
+
+from dashboards import panels as p
+from dashboards.config import Config
+
+ENGINE_SERIES = 'vllm_scheduler_running_requests{job="kvscope"}'
+"""Exported for probe-fed and coarse (vLLM /metrics only) engines alike."""
+
+
+def engine_variables(cfg: Config, *, all_: bool = True) -> list[db.QueryVariable]:
+    series = ENGINE_SERIES.replace('job="kvscope"', cfg.job)
+    return [
+        p.label_values("engine", "Engine", series, all_=all_,
+                       description="vLLM engine (data-parallel rank, or KVSCOPE_ENGINE)."),
+        p.label_values("model", "Model", series.replace("}", ', engine=~"$engine"}'),
+                       description="Served model name."),
+    ]
+
+
+def rate(cfg: Config, counter: str, by: str = "engine", *matchers: str) -> str:
+    return f"sum by ({by}) (rate({cfg.m(counter, *matchers)}[$__rate_interval]))"
+
+
+def build(cfg: Config) -> p.Board:
+    b = p.Board(cfg, cfg.uids.blocks, "kvscope / Blocks overview",
+                "Budget vs blocks: why vLLM preempts while the token budget looks idle.")
+    b.variables(p.datasource("prometheus", "Prometheus"), *engine_variables(cfg))
+    m, a = cfg.m, cfg.alerts
+    b.row("Now").add(
+        p.single("Free KV blocks", "Free blocks of the pool now, evictable prefix-cache "
+                 "blocks included (what allocation checks).",
+                 p.prom(f"sum({m('vllm_scheduler_free_blocks')})")),
+        p.single("Token budget used (5m)", "Scheduled tokens / token budget over 5 minutes, "
+                 "exact (recording rule).",
+                 p.prom(f"avg({m('engine:vllm_scheduler_token_budget_utilization:ratio_rate5m')})"),
+                 unit="percentunit"),
+        p.single("Preemptions in range", "Preemptions of running requests in the selected "
+                 "time range, every reason.",
+                 p.prom(f"sum(increase({m('vllm_scheduler_preempted_requests_total')}"
+                        "[$__range]))"),
+                 steps=[(None, "green"), (1, "orange")]),
+        p.single("Preemptions per ended request (5m)", "Preemptions / requests that ended "
+                 "over 5 minutes; the alerts warn above "
+                 f"{a.preemption_rate_warning:g} and page above {a.preemption_rate_critical:g}.",
+                 p.prom("max("
+                        f"{m('engine:vllm_scheduler_preemptions_per_request:ratio_rate5m')})"),
+                 unit="percentunit", steps=[(None, "green"), (a.preemption_rate_warning,
+                                            "orange"), (a.preemption_rate_critical, "red")]),
+    )
+    b.row("Budget vs blocks").add(p.graph(
+        "Token budget used vs free and longest free run",
+        "Left axis: share of the per-step token budget (--max-num-batched-tokens) that was "
+        "scheduled. Right axis: free blocks and the longest run of consecutive free block "
+        "IDs. Preemptions with the budget low and free blocks near 0 mean KV memory is the "
+        "limit. vLLM V1 allocates any free blocks: a short contiguous run never causes a "
+        "preemption by itself.",
+        p.prom(m("vllm_scheduler_token_budget_utilization"), "{{engine}} budget used (10 s)"),
+        p.prom(m("engine:vllm_scheduler_token_budget_utilization:ratio_rate5m"),
+               "{{engine}} budget used (5m)"),
+        p.prom(m("vllm_scheduler_free_blocks"), "{{engine}} free blocks"),
+        p.prom(m("vllm_scheduler_max_contiguous_free_blocks"), "{{engine}} max contiguous free"),
+        unit="percentunit", w=24, h=9, right="/free/", right_unit="short", minimum=0,
+    ))
+    b.row("Pool").add(
+        p.graph("Used, free and cached blocks",
+                "The pool stacked: blocks held by requests, free blocks without data, and free "
+                "blocks that still hold prefix-cache data (evicted on reuse).",
+                p.prom(m("vllm_scheduler_used_blocks"), "{{engine}} used"),
+                p.prom(f"{m('vllm_scheduler_free_blocks')} - "
+                       f"{m('vllm_scheduler_cached_evictable_blocks')}", "{{engine}} free"),
+                p.prom(m("vllm_scheduler_cached_evictable_blocks"), "{{engine}} cached"),
+                stack=True),
+        p.graph("Head of the queue needs vs free",
+                "Blocks the head of the waiting queue needs for its whole sequence (before "
+                "prefix-cache hits) against free blocks; while it needs more, admission is "
+                "blocked. Right axis: running and waiting requests.",
+                p.prom(m("vllm_scheduler_waiting_head_blocks_needed"), "{{engine}} head needs"),
+                p.prom(m("vllm_scheduler_free_blocks"), "{{engine}} free blocks"),
+                p.prom(m("vllm_scheduler_running_requests"), "{{engine}} requests running"),
+                p.prom(m("vllm_scheduler_waiting_requests"), "{{engine}} requests waiting"),
+                right="/requests/"),
+        p.bars("Free runs by length",
+               "Runs of consecutive free block IDs no longer than each length (cumulative). "
+               "Costs nothing to attention; multiplies descriptors for KV transfer.",
+               p.prom(f"sum by (le) ({m('vllm_scheduler_free_block_runs')})", "≤ {{le}}",
+                      instant=True)),
+        p.graph("Block usage and token occupancy",
+                "Used / usable blocks (vLLM's kv_cache_usage_perc), and filled / reserved "
+                "token slots of the used blocks: the gap to 100% is tail waste.",
+                p.prom(m("vllm_scheduler_kv_block_usage_ratio"), "{{engine}} block usage"),
+                p.prom(m("vllm_scheduler_kv_token_occupancy_ratio"),
+                       "{{engine}} token occupancy"),
+                unit="percentunit", minimum=0, maximum=1),
+    )
+    b.row("Preemptions").add(
+        p.graph("Preemptions by reason",
+                "kv_full: the failed allocation needed more blocks than were free. priority: "
+                "displaced for a higher-priority request. unknown: nothing recorded explains "
+                "it (never guessed).",
+                p.prom(rate(cfg, "vllm_scheduler_preempted_requests_total", "engine, reason"),
+                       "{{engine}} {{reason}}"),
+                unit="ops"),
+        p.graph("Preemptions per ended request",
+                "Preemptions / requests that ended, over 5 minutes (the alerts' ratio and "
+                "thresholds).",
+                p.prom(m("engine:vllm_scheduler_preemptions_per_request:ratio_rate5m"),
+                       "{{engine}}"),
+                unit="percentunit", minimum=0,
+                lines=[(a.preemption_rate_warning, "orange"),
+                       (a.preemption_rate_critical, "red")]),
+        p.graph("Tokens discarded and recomputed",
+                "Computed tokens thrown away by preemptions, and those computed again on "
+                "resume (prefix-cache hits excluded).",
+                p.prom(rate(cfg, "vllm_scheduler_preempted_tokens_total"),
+                       "{{engine}} discarded"),
+                p.prom(rate(cfg, "vllm_scheduler_recomputed_tokens_total"),
+                       "{{engine}} recomputed"),
+                unit="short"),
+        p.graph("Requests arrived and ended",
+                "Requests added to the scheduler, and those that left it by vLLM status.",
+                p.prom(rate(cfg, "vllm_scheduler_requests_arrived_total"),
+                       "{{engine}} arrived"),
+                p.prom(rate(cfg, "vllm_scheduler_requests_ended_total", "engine, status"),
+                       "{{engine}} {{status}}"),
+                unit="reqps"),
+    )
+    b.row("Tail waste").add(
+        p.graph("Tail waste",
+                "Token slots reserved but not filled in the last blocks of running requests.",
+                p.prom(m("vllm_scheduler_tail_waste_tokens"), "{{engine}} tokens")),
+        p.graph("Tail waste per used block",
+                "Unfilled token slots per block held; compare with the block size.",
+                p.prom(f"{m('vllm_scheduler_tail_waste_tokens')} / "
+                       f"({m('vllm_scheduler_used_blocks')} > 0)", "{{engine}}")),
+    )
+    gpu = cfg.sel(engine=False)
+    b.row("GPU and engine process").add(
+        p.graph("GPU memory",
+                "NVML, per GPU of the sidecar's host. Absent without a GPU (the sidecar logs "
+                "why once).",
+                p.prom(f"kvscope_gpu_memory_used_bytes{gpu}", "GPU {{gpu}} used"),
+                p.prom(f"kvscope_gpu_memory_total_bytes{gpu}", "GPU {{gpu}} total"),
+                unit="bytes", w=8),
+        p.graph("GPU utilization", "Busy fraction over NVML's last sample period.",
+                p.prom(f"kvscope_gpu_utilization_ratio{gpu}", "GPU {{gpu}} {{name}}"),
+                unit="percentunit", w=8, minimum=0, maximum=1),
+        p.graph("Engine process CPU and memory",
+                "The EngineCore process, when it runs on the sidecar's host. Right axis: "
+                "resident memory.",
+                p.prom(f"rate({m('kvscope_engine_process_cpu_seconds_total')}"
+                       "[$__rate_interval])", "{{engine}} CPU cores"),
+                p.prom(m("kvscope_engine_process_resident_memory_bytes"), "{{engine}} RSS"),
+                w=8, right="/RSS/", right_unit="bytes"),
+    )
+    health(cfg, b)
+    return b
+
+
+def health(cfg: Config, b: p.Board) -> None:
+    """kvscope's own health: probe, receiver, ledger, sinks, reconciliation with vLLM."""
+    m, job = cfg.m, cfg.sel(engine=False)
+    b.row("kvscope health").add(
+        p.graph("Probe connected and ledger in sync",
+                "1 while the probe sent a record within the health timeout; 1 while the "
+                "rebuilt pool is exact (0 after a gap until the next keyframe).",
+                p.prom(m("kvscope_probe_connected"), "{{engine}} probe connected"),
+                p.prom(m("kvscope_ledger_synced"), "{{engine}} ledger synced"),
+                w=8, minimum=0, maximum=1, step=True),
+        p.graph("Seconds since the last probe record", "Per engine.",
+                p.prom(m("kvscope_probe_last_record_age_seconds"), "{{engine}}"),
+                unit="s", w=8),
+        p.graph("Probe cost", "Engine-thread time the probe spent / time in schedule().",
+                p.prom(m("engine:kvscope_probe_overhead:ratio_rate5m"), "{{engine}}"),
+                unit="percentunit", w=8),
+        p.graph("Records received, dropped, rejected",
+                "Probe records the receiver accepted; records the probe dropped rather than "
+                "block vLLM; frames refused by reason.",
+                p.prom(f"sum(rate(kvscope_probe_records_received_total{job}[$__rate_interval]))",
+                       "received"),
+                p.prom(rate(cfg, "kvscope_probe_records_dropped_total"), "{{engine}} dropped"),
+                p.prom(f"sum by (reason) (rate(kvscope_probe_frames_rejected_total{job}"
+                       "[$__rate_interval]))", "rejected {{reason}}"),
+                unit="ops"),
+        p.graph("Ledger gaps, mismatches, probe faults",
+                "Should stay 0: gaps in the record sequence, failed self-checks of the "
+                "ledger, errors the probe contained inside vLLM.",
+                p.prom(f"sum by (engine) (increase({m('kvscope_ledger_gaps_total')}"
+                       "[$__rate_interval]))", "{{engine}} gaps"),
+                p.prom(f"sum by (engine) (increase({m('kvscope_ledger_mismatches_total')}"
+                       "[$__rate_interval]))", "{{engine}} mismatches"),
+                p.prom(f"sum by (engine) (increase({m('kvscope_probe_faults_total')}"
+                       "[$__rate_interval]))", "{{engine}} faults")),
+        p.graph("Sink rows written", "Rows each sink's store acknowledged, by table.",
+                p.prom(f"sum by (sink, table) (rate(kvscope_sink_rows_written_total{job}"
+                       "[$__rate_interval]))", "{{sink}} {{table}}"),
+                unit="rowsps", w=8),
+        p.graph("Sink errors and dropped rows",
+                "Failed attempts to spool or deliver a batch; rows given up.",
+                p.prom(f"sum by (sink) (rate(kvscope_sink_errors_total{job}[$__rate_interval]))",
+                       "{{sink}} errors"),
+                p.prom(f"sum by (sink, table) (rate(kvscope_sink_rows_dropped_total{job}"
+                       "[$__rate_interval]))", "{{sink}} {{table}} dropped"),
+                unit="ops", w=8),
+        p.graph("Sink spool", "Bytes waiting in the on-disk spool. Right axis: age of the "
+                "oldest row the store has not acknowledged.",
+                p.prom(f"kvscope_sink_spool_bytes{job}", "{{sink}} spool"),
+                p.prom(f"kvscope_sink_oldest_unsent_age_seconds{job}", "{{sink}} oldest age"),
+                unit="bytes", w=8, right="/age/", right_unit="s"),
+        p.graph("Reconciliation with vLLM's /metrics",
+                "With kvscope serve --vllm-url: kvscope's preemptions minus vLLM's, and free "
+                "blocks minus those derived from vllm:kv_cache_usage_perc (both should stay "
+                "0); coarse = 1 for engines seen only through vLLM's /metrics.",
+                p.prom(m("kvscope_reconciliation_preemptions_diff"), "{{engine}} preemptions"),
+                p.prom(m("kvscope_reconciliation_free_blocks_diff"), "{{engine}} free blocks"),
+                p.prom(m("kvscope_engine_coarse"), "{{engine}} coarse")),
+        p.graph("Scrapes of vLLM's /metrics", "With kvscope serve --vllm-url.",
+                p.prom(f"sum(rate(kvscope_vllm_scrapes_total{job}[$__rate_interval]))",
+                       "scrapes"),
+                p.prom(f"sum(rate(kvscope_vllm_scrape_errors_total{job}[$__rate_interval]))",
+                       "errors"),
+                unit="ops"),
+    )
