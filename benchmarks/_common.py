@@ -52,6 +52,39 @@ def machine_noise() -> dict[str, Any]:
     return {"loadavg_1m": os.getloadavg()[0], "vllm_pids": sorted(others)}
 
 
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def git_state() -> dict[str, Any]:
+    """The commit measured, and which probe sources (the code whose cost is measured)
+    differ from it; other changed paths under exporter/ are only counted."""
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", "-C", str(root), *args], capture_output=True,
+                                  text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    changed = git("status", "--porcelain", "--", "exporter").splitlines()
+    probe = [c for c in changed if "/probe/" in c or c.endswith("/wire.py")]
+    return {"commit": git("rev-parse", "--short", "HEAD"), "probe_changed": probe,
+            "other_changed": len(changed) - len(probe)}
+
+
+def noise_line(samples: Sequence[dict[str, Any]]) -> str:
+    """One line summing up ``machine_noise()`` samples taken before each run."""
+    loads = [s["loadavg_1m"] for s in samples]
+    others = sum(1 for s in samples if s["vllm_pids"])
+    return (f"machine: {os.cpu_count()} cores, 1-min load average {min(loads):.1f}-"
+            f"{max(loads):.1f} before the runs; other vLLM processes alive before "
+            f"{others} of {len(samples)} runs")
+
+
 @contextlib.contextmanager
 def vllm_lock(wait_s: float = 3600.0) -> Iterator[float]:
     """Hold the exclusive machine lock that lets one vLLM server run at a time.
@@ -109,11 +142,14 @@ class Sidecar:
         self.stop()
         raise TimeoutError(f"kvscope serve not answering after {ready_timeout_s:.0f} s")
 
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "sidecar not started"
+        return self.proc.pid
+
     def cpu_seconds(self) -> float:
         """User + system CPU time the sidecar has used so far."""
-        assert self.proc is not None
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu_s(self.pid)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM the group, SIGKILL it after ``timeout_s``; reap. Idempotent."""

@@ -13,13 +13,20 @@ import json
 import os
 import time
 from array import array
+from pathlib import Path
 from typing import Any
 
-from _common import percentile, scrape, wait_engine_steps
+from _common import percentile, process_cpu_s, scrape, wait_engine_steps
 
 POOLS = (4096, 32768, 131072)
 _now = time.perf_counter_ns
+_cpu = time.thread_time_ns
 KEYFRAME_REPEATS = 30
+
+
+def thread_cpu_ns(native_id: int) -> int:
+    """CPU time of one thread of this process so far (Linux schedstat, in ns)."""
+    return int(Path(f"/proc/self/task/{native_id}/schedstat").read_text().split()[0])
 
 
 def twin_config(pool: int) -> Any:
@@ -45,17 +52,24 @@ def workload(n: int) -> list[Any]:
 class StepTimer:
     """Times every call of the scheduler's ``schedule``, ``update_from_output`` and
     ``add_request`` through instance attributes that shadow the class's methods (the
-    probe's wrappers when it is on, vLLM's own when off): the same code in both modes."""
+    probe's wrappers when it is on, vLLM's own when off): the same code in both modes.
+
+    ``schedule`` gets wall time and the engine thread's own CPU time: the latter is
+    blind to other processes taking the core and to waits for the GIL."""
 
     def __init__(self, sched: Any) -> None:
         cls = type(sched)
         o_schedule, o_update, o_add = cls.schedule, cls.update_from_output, cls.add_request
         self.schedule_ns, self.update_ns, self.add_ns = array("q"), array("q"), array("q")
+        self.schedule_cpu_ns = array("q")
 
         def schedule() -> Any:
+            c0 = _cpu()
             t0 = _now()
             out = o_schedule(sched)
-            self.schedule_ns.append(_now() - t0)
+            t1 = _now()
+            self.schedule_cpu_ns.append(_cpu() - c0)
+            self.schedule_ns.append(t1 - t0)
             return out
 
         def update_from_output(out: Any, model_output: Any) -> Any:
@@ -81,8 +95,10 @@ class FillTracker:
         self.pool = sched.kv_cache_manager.block_pool
         self.usable = self.pool.num_gpu_blocks - 1
         self.peak_used = self.peak_step = self.max_block_id = self.given = 0
+        self.scheduled_reqs = 0
 
     def on_step(self, i: int, out: Any) -> None:
+        self.scheduled_reqs += len(out.num_scheduled_tokens)
         used = self.usable - self.pool.get_num_free_blocks()
         if used > self.peak_used:
             self.peak_used, self.peak_step = used, i
@@ -98,25 +114,26 @@ def run_pool(args: argparse.Namespace, pool: int, requests: list[Any]) -> dict[s
     from kvscope.twin.engine import Twin
 
     engine = f"r{args.round}-{pool}"
-    os.environ["KVSCOPE_ENGINE"] = engine  # read when the probe attaches (first call)
+    os.environ["KVSCOPE_ENGINE"] = engine  # read when the probe attaches
     gc.collect()
     twin = Twin(twin_config(pool), seed=0)
-    attach_ns = attach_now(args, twin.scheduler)
+    watch = ProbeWatch(args, twin.scheduler, engine) if args.worker == "on" else None
     timer, fill = StepTimer(twin.scheduler), FillTracker(twin.scheduler)
     res = twin.run(requests, on_step=fill.on_step)
     sched_ns, upd_ns = list(timer.schedule_ns), list(timer.update_ns)
     out: dict[str, Any] = {
         "steps": res.steps, "preemptions": res.preemptions, "finished": res.finished,
         "wall_s": res.wall_seconds, "schedule_ns": sched_ns,
+        "schedule_cpu_ns": list(timer.schedule_cpu_ns),
         "step_ns": [s + u for s, u in zip(sched_ns, upd_ns, strict=True)],
         "add_mean_ns": sum(timer.add_ns) / max(1, len(timer.add_ns)),
         "peak_used_ratio": fill.peak_used / fill.usable,
         "pool_reach_ratio": fill.max_block_id / fill.usable,
         "blocks_given_per_usable_block": fill.given / fill.usable,
+        "scheduled_reqs_per_step": fill.scheduled_reqs / max(1, res.steps),
     }
-    if args.worker == "on":
-        out["probe"] = probe_report(args, twin.scheduler, engine, res.steps)
-        out["probe"]["attach_ns"] = attach_ns
+    if watch is not None:
+        out["probe"] = watch.report(res.steps)
         out["probe"]["keyframe"] = keyframe_cost(pool, requests, fill.peak_step)
     print(f"pool {pool}: {res.steps} steps, {res.preemptions} preemptions, "
           f"schedule p50 {percentile(sched_ns, 0.5) / 1e3:.1f} us, "
@@ -124,40 +141,47 @@ def run_pool(args: argparse.Namespace, pool: int, requests: list[Any]) -> dict[s
     return out
 
 
-def attach_now(args: argparse.Namespace, sched: Any) -> int:
-    """Attach the probe before the timed run, as its first hook call would (a one-off
-    full scan of the pool and a sender thread); returns how long that took."""
-    if args.worker != "on":
-        return 0
-    from kvscope.probe import plugin
+class ProbeWatch:
+    """Attaches the probe to a scheduler before the timed run, as its first hook call
+    would (a one-off full scan of the pool, a sender thread), and afterwards collects
+    what the probe, its sender thread and the sidecar say about the run."""
 
-    t0 = _now()
-    if plugin.attach(sched) is None:
-        raise SystemExit("the probe did not attach to the twin's scheduler")
-    return _now() - t0
+    def __init__(self, args: argparse.Namespace, sched: Any, engine: str) -> None:
+        from kvscope.probe import plugin
 
+        self.args, self.sched, self.engine = args, sched, engine
+        t0 = _now()
+        if plugin.attach(sched) is None:
+            raise SystemExit("the probe did not attach to the twin's scheduler")
+        self.attach_ns = _now() - t0
+        self.sender = plugin._senders[-1]  # the thread attach() just started
+        self.sender_cpu0 = thread_cpu_ns(self.sender.native_id)
+        self.sidecar_cpu0 = process_cpu_s(args.sidecar_pid)
 
-def probe_report(args: argparse.Namespace, sched: Any, engine: str, steps: int
-                 ) -> dict[str, Any]:
-    """What the probe and the sidecar say about the run that just ended."""
-    from kvscope.probe import plugin
+    def report(self, steps: int) -> dict[str, Any]:
+        from kvscope.probe import plugin
 
-    rec = sched._kvscope
-    deadline = time.monotonic() + 30
-    while rec.ring and time.monotonic() < deadline:
-        time.sleep(0.01)
-    seen = wait_engine_steps(args.sidecar_url, engine, steps) or {}
-    metrics = scrape(args.sidecar_url)
-    plugin.stop_all()
-    return {
-        "recorder": {"ring_dropped": rec.ring_dropped, "send_dropped": rec.send_dropped,
-                     "faults": rec.faults, "records": rec.seq},
-        "sidecar": {k: seen.get(k, 0) for k in (
-            "steps", "probe_records_dropped", "ledger_mismatches", "ledger_gaps",
-            "probe_faults", "synced")},
-        "overhead_s": metrics.get(("kvscope_probe_overhead_seconds_total", engine), 0.0),
-        "self_schedule_s": metrics.get(("kvscope_engine_schedule_seconds_total", engine), 0.0),
-    }
+        rec = self.sched._kvscope
+        deadline = time.monotonic() + 30
+        while rec.ring and time.monotonic() < deadline:
+            time.sleep(0.01)
+        url = self.args.sidecar_url
+        seen = wait_engine_steps(url, self.engine, steps) or {}
+        sender_cpu = thread_cpu_ns(self.sender.native_id) - self.sender_cpu0
+        sidecar_cpu = process_cpu_s(self.args.sidecar_pid) - self.sidecar_cpu0
+        metrics = scrape(url)
+        plugin.stop_all()
+        return {
+            "attach_ns": self.attach_ns,
+            "sender_cpu_ns": sender_cpu,
+            "sidecar_cpu_s": sidecar_cpu,
+            "recorder": {"ring_dropped": rec.ring_dropped, "send_dropped": rec.send_dropped,
+                         "faults": rec.faults, "records": rec.seq},
+            "sidecar": {k: seen.get(k, 0) for k in (
+                "steps", "probe_records_dropped", "ledger_mismatches", "ledger_gaps",
+                "probe_faults", "synced")},
+            "overhead_s": metrics.get(("kvscope_probe_overhead_seconds_total", self.engine), 0.0),
+        }
 
 
 def keyframe_cost(pool: int, requests: list[Any], peak_step: int) -> dict[str, Any]:
@@ -216,6 +240,7 @@ def run_worker(args: argparse.Namespace) -> None:
         if not plugin.enable(args.endpoint):
             raise SystemExit("the probe's hooks could not be installed")
     requests = workload(args.requests)
+    print(f"probe {args.worker}, round {args.round}, {len(requests)} requests", flush=True)
     warm_up(args, requests)
     result = {"mode": args.worker, "round": args.round,
               "pools": {str(p): run_pool(args, p, requests) for p in args.pools}}

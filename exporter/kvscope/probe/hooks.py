@@ -11,7 +11,8 @@ Observed:
   four methods that move a block between free and used; ``evict_blocks`` and
   ``reset_prefix_cache`` change whether a free block still holds prefix-cache data;
 - ``KVCacheCoordinator.get_num_blocks_to_allocate``: how many blocks the allocation
-  that is about to fail needs.
+  that is about to fail needs; wrapped per instance, only while the pool is low
+  (``arm_need``).
 """
 
 from __future__ import annotations
@@ -187,18 +188,31 @@ def _pool_hooks(cls: Any) -> None:
     cls._kvscope = None
 
 
-def _coordinator_hooks(cls: Any) -> None:
-    o_need = cls.get_num_blocks_to_allocate
+def arm_need(rec: Any, on: bool) -> None:
+    """Watch ``KVCacheCoordinator.get_num_blocks_to_allocate`` on this one coordinator,
+    or stop watching it.
 
-    def get_num_blocks_to_allocate(self: Any, *args: Any, **kwargs: Any) -> Any:
-        n = o_need(self, *args, **kwargs)
-        rec = self._kvscope
-        if rec is not None:
-            rec.need = (kwargs["request_id"] if "request_id" in kwargs else args[0], n)
+    It runs for every scheduled request on every step, so it is wrapped on the instance
+    (an attribute that shadows the class method) and only while the pool is low enough
+    that an allocation could fail; otherwise vLLM calls its own method at full speed.
+    """
+    coord = rec.mgr.coordinator
+    if on == rec.need_armed:
+        return
+    if not on:
+        coord.__dict__.pop("get_num_blocks_to_allocate", None)
+        rec.need_armed = False
+        rec.need = None
+        return
+    o_need = type(coord).get_num_blocks_to_allocate
+
+    def get_num_blocks_to_allocate(*args: Any, **kwargs: Any) -> Any:
+        n = o_need(coord, *args, **kwargs)
+        rec.need = (kwargs["request_id"] if "request_id" in kwargs else args[0], n)
         return n
 
-    cls.get_num_blocks_to_allocate = get_num_blocks_to_allocate
-    cls._kvscope = None
+    coord.get_num_blocks_to_allocate = get_num_blocks_to_allocate
+    rec.need_armed = True
 
 
 def install(attach: Callable[[Any], Recorder | None]) -> list[str]:
@@ -216,9 +230,5 @@ def install(attach: Callable[[Any], Recorder | None]) -> list[str]:
         absent += [f"{path}.{n}" for n in names if not callable(getattr(cls, n, None))]
     _pool_hooks(_resolve("vllm.v1.core.block_pool:BlockPool"))
     _scheduler_hooks(sched_cls, attach)
-    try:
-        _coordinator_hooks(_resolve("vllm.v1.core.kv_cache_coordinator:KVCacheCoordinator"))
-    except Exception:  # noqa: BLE001 - reasons degrade to "unknown", blocks_needed to None
-        pass
     sched_cls._kvscope_installed = True
     return absent

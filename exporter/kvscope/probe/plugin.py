@@ -43,10 +43,10 @@ def _float_env(name: str, default: float) -> float:
 
 
 def bind(sched: Any, rec: Any) -> None:
-    """Point the scheduler, its pool and its coordinator at one Recorder."""
+    """Point the scheduler and its pool at one Recorder."""
     sched._kvscope = rec
     rec.pool._kvscope = rec
-    rec.mgr.coordinator._kvscope = rec
+    rec.watch_need()
 
 
 def attach(sched: Any) -> Any:

@@ -23,6 +23,10 @@ _now_ns = time.perf_counter_ns
 _wall = time.time
 
 MAX_FAULTS = 1000  # contained exceptions before the probe switches itself off
+FORCED_KEYFRAME_GAP_S = 0.2
+"""Least time between keyframes asked for by a drop or a fault. While the sidecar is gone
+every send fails; one keyframe per step would cost the engine thread a copy of the block
+tables on every step for as long as the outage lasts."""
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -47,17 +51,26 @@ class Recorder:
         self.want_keyframe = True
         self.keyframe_interval_ns = int(keyframe_interval_s * 1e9)
         self.next_keyframe_ns = 0
+        self.next_forced_ns = 0
         self.ops: list[tuple[int, list[int]]] = []
         self.arrivals: list[wire.Arrival] = []
         self.ends: list[wire.End] = []
         self.preemptions: list[wire.Preemption] = []
         self.need: tuple[str, int] | None = None  # last (request_id, blocks to allocate)
+        self.need_armed = False
         self.in_schedule = False
         self.last_probe_ns = 0
         self.hello = self._hello(sched)
         self.group_block_sizes = [g.block_size for g in self.hello.kv_groups]
         self.states = self._scan_states()
         self.policy = self.hello.policy
+        # No allocation in a step can fail while more blocks are free than the step can
+        # take: each scheduled request gets at most cdiv(its new tokens, block size) + 1
+        # blocks per group, and new tokens (lookahead included) are bounded by the budget.
+        look = int(getattr(sched, "num_lookahead_tokens", 0) or 0)
+        per_group = (_cdiv(self.hello.token_budget + look * self.hello.max_num_seqs,
+                           min(self.group_block_sizes)) + self.hello.max_num_seqs)
+        self.arm_below = per_group * len(self.group_block_sizes)
 
     # -- setup ----------------------------------------------------------------
     def _hello(self, sched: Any) -> wire.Hello:
@@ -115,10 +128,20 @@ class Recorder:
             return
         self.ring.append((seq, item))
 
-    def fault(self, where: str, exc: BaseException) -> None:
+    def watch_need(self) -> None:
+        """Arm the blocks-needed hook only while an allocation could fail (hooks.arm_need)."""
+        from kvscope.probe.hooks import arm_need
+
+        arm_need(self, self.pool.get_num_free_blocks() <= self.arm_below)
+
+    def fault(self, where: str, exc: BaseException, *, rescan: bool = True) -> None:
+        """Count a contained error; ``rescan``: the mirror may be wrong (an engine-thread
+        hook failed), so the next keyframe scans the pool. The sender's errors leave the
+        mirror intact and must not cost the engine thread a scan."""
         self.faults += 1
         self.want_keyframe = True
-        self.dirty = True
+        if rescan:
+            self.dirty = True
         if self.faults == 1:
             log.warning("kvscope probe: contained an error in %s: %r", where, exc)
         if self.faults >= MAX_FAULTS and self.enabled:
@@ -264,8 +287,10 @@ class Recorder:
                 int(sched.max_num_scheduled_tokens),
             )
         )
-        if self.want_keyframe or t_end >= self.next_keyframe_ns:
+        due = t_end >= self.next_keyframe_ns
+        if due or (self.want_keyframe and t_end >= self.next_forced_ns):
             self.keyframe(t_end)
+        self.watch_need()
         self.last_probe_ns = _now_ns() - t_end
 
     def keyframe(self, t_now: int) -> None:
@@ -275,6 +300,7 @@ class Recorder:
             self.dirty = False
         self.want_keyframe = False
         self.next_keyframe_ns = t_now + self.keyframe_interval_ns
+        self.next_forced_ns = t_now + int(FORCED_KEYFRAME_GAP_S * 1e9)
         get_ids = self.mgr.get_block_ids
         running = self.sched.running
         tables = {r.request_id: [list(g) for g in get_ids(r.request_id)] for r in running}

@@ -73,8 +73,8 @@ def to_record(item: tuple[Any, ...]) -> wire.Record:
     raise ValueError(f"unknown ring entry {kind!r}")
 
 
-def take_batch(rec: Recorder) -> wire.Frame:
-    """Pop up to MAX_BATCH ring entries with consecutive sequence numbers as one frame."""
+def pop_run(rec: Recorder) -> tuple[int, list[tuple[Any, ...]]]:
+    """Pop up to MAX_BATCH ring entries with consecutive sequence numbers."""
     ring = rec.ring
     first, item = ring.popleft()
     items = [item]
@@ -82,6 +82,15 @@ def take_batch(rec: Recorder) -> wire.Frame:
     while ring and len(items) < MAX_BATCH and ring[0][0] == expect:
         items.append(ring.popleft()[1])
         expect += 1
+    return first, items
+
+
+def take_batch(rec: Recorder) -> wire.Frame:
+    """Pop up to MAX_BATCH ring entries with consecutive sequence numbers as one frame."""
+    return make_frame(rec, *pop_run(rec))
+
+
+def make_frame(rec: Recorder, first: int, items: list[tuple[Any, ...]]) -> wire.Frame:
     return wire.Frame(
         engine=rec.hello.engine,
         session=rec.hello.session,
@@ -130,13 +139,13 @@ class Sender(threading.Thread):
         try:
             self._sock.poll(CONNECT_GRACE_MS, zmq.POLLOUT)
         except Exception as exc:  # noqa: BLE001
-            self.rec.fault("sender", exc)
+            self.rec.fault("sender", exc, rescan=False)
         idle = 0.002
         while not self.stop_event.is_set():
             try:
                 n = self.drain_once()
             except Exception as exc:  # noqa: BLE001
-                self.rec.fault("sender", exc)
+                self.rec.fault("sender", exc, rescan=False)
                 n = 0
             idle = 0.001 if n else min(idle * 2, 0.05)
             time.sleep(idle)
@@ -152,13 +161,18 @@ class Sender(threading.Thread):
         handled = 0
         rec = self.rec
         while rec.ring and handled < 4 * MAX_BATCH:
-            frame = take_batch(rec)
-            n = len(frame.records)
+            first, items = pop_run(rec)
+            n = len(items)
             handled += n
             try:
+                frame = make_frame(rec, first, items)
                 self._sock.send_multipart(wire.encode(frame), flags=zmq.NOBLOCK, copy=False)
                 self.sent += n
-            except zmq.Again:
+            except Exception as exc:  # noqa: BLE001
+                # The batch is gone whatever failed (building, encoding or sending it):
+                # count it, so dropped + received always equals what the probe recorded.
                 rec.send_dropped += n
                 rec.want_keyframe = True
+                if not isinstance(exc, zmq.Again):
+                    rec.fault("sender", exc, rescan=False)
         return handled
