@@ -46,6 +46,8 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", help=f"embedded store and spool [{ENV['data_dir']}]")
     p.add_argument("--layout-interval", dest="layout_interval_s", type=float,
                    help=f"seconds between layout samples [{ENV['layout_interval_s']}]")
+    p.add_argument("--tls-cert", help=f"PEM certificate: serve HTTPS [{ENV['tls_cert']}]")
+    p.add_argument("--tls-key", help=f"PEM private key of --tls-cert [{ENV['tls_key']}]")
     p.add_argument("--decision-log-max-bytes", type=int,
                    help=f"rotate the decision log file at this size "
                         f"[{ENV['decision_log_max_bytes']}]")
@@ -59,24 +61,35 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the sidecar: receive probe records, serve /metrics")
     _serve_args(serve)
 
-    demo = sub.add_parser("demo", help="twin + probe + sidecar in one command, no GPU")
+    demo = sub.add_parser(
+        "demo", help="every layer live in one command, no GPU: an engine, the probe, the "
+                     "sidecar, clients through the SDK, findings at the end")
+    demo.add_argument("--engine", choices=("twin", "vllm"), default="twin",
+                      help="twin: vLLM's real scheduler in-process, no model (default); "
+                           "vllm: a real vLLM server on the CPU with a tiny generated model")
     demo.add_argument("--port", type=int, default=9477, help="sidecar HTTP port (default 9477)")
     demo.add_argument(
         "--duration",
         type=float,
         default=None,
-        help="stop after this many seconds (default: serve until Ctrl-C)",
+        help="stop after this many seconds, cutting the workload short if need be "
+             "(default: run the workload, then serve until Ctrl-C)",
     )
     demo.add_argument(
         "--step-ms",
         type=float,
         default=10.0,
-        help="pace of the twin's scheduler steps in ms (default 10)",
+        help="pace of the twin's scheduler steps in ms; the workload's arrival waves are "
+             "spaced in steps, so this also paces the clients (default 10)",
     )
-    demo.add_argument("--requests", type=int, default=240, help="requests in the workload")
-    demo.add_argument("--blocks", type=int, default=64, help="KV blocks in the pool")
+    demo.add_argument("--requests", type=int, default=200,
+                      help="requests the clients send, duplicates included (default 200)")
+    demo.add_argument("--blocks", type=int, default=64, help="KV blocks in the pool (default 64)")
     demo.add_argument("--policy", choices=("fcfs", "priority"), default="fcfs")
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--seed", type=int, default=0, help="seed of the workload (default 0)")
+    demo.add_argument("--data-dir",
+                      help="where the store, decision log and logs go (default: a new "
+                           "temporary directory, kept after the demo)")
     whatif.add_parser(sub)
     loadgen.add_parser(sub)
     layout_dump.add_parser(sub)

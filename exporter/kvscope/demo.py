@@ -1,49 +1,77 @@
-"""``kvscope demo``: the twin (vLLM's real scheduler), the probe and the sidecar, one command.
+"""``kvscope demo``: every layer of kvscope, live, with one command and no GPU.
 
-The sidecar runs as its own process (``kvscope serve``), exactly as in production; the
-twin runs here with the probe attached and streams to it over an ipc socket. The
-summary at the end is read back from the sidecar, so it shows what kvscope measured.
+A sidecar (``kvscope serve``, its own process, as in production) receives the probe's
+records from an engine: the twin (vLLM's real scheduler, no model, in this process) or a
+real vLLM server on the CPU. Four simulated applications send a seeded workload through
+kvscope's client SDK to the engine's OpenAI API, where kvscope's middleware tags each
+request. While it runs, a live view shows the pool, the budget, preemptions and the
+clients; at the end the demo prints findings computed from what the sidecar recorded
+(metrics, ClickHouse rows, the decision log, client correlation) and the pages and
+queries to look at next, then keeps the sidecar serving until Ctrl-C or ``--duration``.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 
-from kvscope.twin import TwinConfig, WorkloadSpec, generate
+from kvscope.demo_engines import DemoError, Engine, TwinEngine, VllmEngine
+from kvscope.demo_findings import collect, findings, next_steps, settle
+from kvscope.demo_live import LiveView
+from kvscope.demo_workload import PERSONAS, Workload, plan
+from kvscope.twin import TwinConfig
 
 
-class DemoError(RuntimeError):
-    pass
+def check_port(port: int) -> None:
+    """Fail early when the sidecar's port is taken: another kvscope would answer for it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            raise DemoError(f"port {port} is in use (another kvscope?); try --port") from None
 
 
-def start_sidecar(endpoint: str, port: int, data_dir: Path) -> subprocess.Popen[bytes]:
+def launch_sidecar(endpoint: str, port: int, workdir: Path,
+                   vllm_url: str | None) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "kvscope", "serve", "--endpoint", endpoint,
            "--port", str(port), "--log-level", "warning",
-           "--decision-log", str(data_dir / "decisions.jsonl"), "--data-dir", str(data_dir)]
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
+           "--decision-log", str(workdir / "decisions.jsonl"), "--data-dir", str(workdir),
+           "--clickhouse-dsn", f"chdb://{workdir / 'chdb'}"]
+    if vllm_url:
+        cmd += ["--vllm-url", vllm_url, "--vllm-scrape-interval", "1"]
+    # The flags say everything; a KVSCOPE_TOKEN or TLS setting meant for a production
+    # sidecar must not lock the demo out of its own one.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVSCOPE_")}
+    with (workdir / "sidecar.log").open("ab") as log:
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, env=env,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_sidecar(proc: subprocess.Popen[bytes], base: str, log: Path,
+                 timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise DemoError(f"the sidecar exited with code {proc.returncode} "
-                            f"(is port {port} in use? try --port)")
+            tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+            raise DemoError(f"the sidecar exited with code {proc.returncode} (is the port in "
+                            f"use? try --port): " + " | ".join(tail))
         try:
-            httpx.get(f"{base}/healthz", timeout=1.0)
-            return proc
+            httpx.get(f"{base}/healthz", timeout=1.0, trust_env=False)
+            return
         except httpx.HTTPError:
             time.sleep(0.2)
-    stop_process(proc)
-    raise DemoError("the sidecar did not answer within 60 s")
+    raise DemoError(f"the sidecar did not answer within {timeout_s:.0f} s; log {log}")
 
 
 def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
@@ -57,130 +85,153 @@ def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None
         proc.wait()
 
 
-class Progress:
-    """One status line, rewritten in place on a terminal, printed every 5 s otherwise."""
-
-    def __init__(self, total: int) -> None:
-        self.total = total
-        self.tty = sys.stdout.isatty()
-        self.last = 0.0
-        self.preemptions = 0
-
-    def __call__(self, step: int, out: Any, sched: Any) -> None:
-        self.preemptions += len(out.preempted_req_ids)
-        now = time.monotonic()
-        if now - self.last < (0.25 if self.tty else 5.0):
-            return
-        self.last = now
-        pool = sched.kv_cache_manager.block_pool
-        line = (f"step {step:6d}  running {len(sched.running):3d}  waiting {len(sched.waiting):3d}"
-                f"  free blocks {pool.get_num_free_blocks():5d}/{pool.num_gpu_blocks - 1}"
-                f"  preemptions {self.preemptions:4d}")
-        print(("\r" + line) if self.tty else line, end="" if self.tty else "\n", flush=True)
-
-
-def wait_caught_up(base: str, steps: int, timeout_s: float = 30.0) -> dict[str, Any]:
-    """The sidecar's view of the engine once it has every step of the run."""
-    deadline = time.monotonic() + timeout_s
-    last: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        engines = httpx.get(f"{base}/api/engines", timeout=5.0).json()["engines"]
-        if engines:
-            last = engines[0]
-            if last["steps"] >= steps:
-                return last
-        time.sleep(0.2)
-    raise DemoError(f"the sidecar saw {last.get('steps', 0)} of {steps} steps within "
-                    f"{timeout_s:.0f} s")
+async def drive(workload: Workload, view: LiveView, engine: Engine,
+                deadline: float | None) -> bool:
+    """Run the workload with the live view; False when ``deadline`` cut it off."""
+    stop = asyncio.Event()
+    shown = asyncio.create_task(view.run(stop))
+    work = asyncio.create_task(workload.run())
+    try:
+        while not work.done():
+            await asyncio.wait({work}, timeout=0.5)
+            failure = engine.failure()
+            if failure:
+                raise DemoError(failure)
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+        work.result()
+        return True
+    finally:
+        work.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await work
+        stop.set()
+        await shown
 
 
-def pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
-
-
-def summary_lines(e: dict[str, Any]) -> list[str]:
-    pre = e["preemptions"]
-    usable = e["num_blocks"] - 1
-    util = e["mean_budget_utilization"]
-    util0 = e["mean_budget_utilization_when_no_free_blocks"]
-    recent = e["recent_preemptions"]
-    lines = [
-        f"steps                         {e['steps']}",
-        f"preemptions                   {sum(pre.values())}  (kv_full {pre['kv_full']}, "
-        f"priority {pre['priority']}, unknown {pre['unknown']})",
-        f"computed tokens discarded     {e['preempted_tokens']}  "
-        f"(recomputed {e['recomputed_tokens']})",
-        f"peak usage                    {e['peak_used_blocks']}/{usable} blocks "
-        f"({pct(e['peak_used_blocks'] / usable if usable else None)})",
-        f"lowest free blocks            {e['lowest_free_blocks']}",
-        f"lowest max contiguous free    {e['lowest_max_contiguous_free_blocks']} (sampled)",
-        f"mean token-budget utilization {pct(util)}",
-        f"  ... on steps with 0 free    {pct(util0)} over {e['steps_with_no_free_blocks']} steps",
+def describe(args: argparse.Namespace, cfg: TwinConfig, engine: Engine, base: str,
+             workdir: Path) -> list[str]:
+    kind = ("the twin engine (vLLM's real scheduler, no model, one step per "
+            f"{args.step_ms:g} ms)" if engine.name == "twin"
+            else "a real vLLM server on the CPU with a tiny generated model")
+    return [
+        f"kvscope demo: {args.requests} requests from {len(PERSONAS)} clients (seed "
+        f"{args.seed}) to {kind}",
+        f"  pool         {cfg.num_blocks} blocks of {cfg.block_size} tokens, policy "
+        f"{cfg.policy}, token budget {cfg.max_num_batched_tokens}/step, at most "
+        f"{cfg.max_num_seqs} running",
+        f"  clients      {', '.join(p.client_id for p in PERSONAS if p.reads_sidecar)} read "
+        f"/health/preempt-rate; {', '.join(p.client_id for p in PERSONAS if not p.reads_sidecar)}"
+        " does not, and sends some prompts twice",
+        f"  sidecar      {base}/metrics   block layout {base}/ui",
+        f"  ClickHouse   chdb://{workdir / 'chdb'}   decision log {workdir / 'decisions.jsonl'}",
     ]
-    if recent:
-        short = [p for p in recent if p["blocks_needed"] is not None
-                 and p["blocks_needed"] > p["free_blocks"]]
-        lines.append(f"last {len(recent)} preemptions: {len(short)} needed more blocks than "
-                     "were free in total; contiguity is never required by vLLM V1")
-    return lines
+
+
+def make_engine(args: argparse.Namespace, cfg: TwinConfig, endpoint: str,
+                workdir: Path) -> Engine:
+    if args.engine == "vllm":
+        return VllmEngine(cfg, endpoint, workdir)
+    return TwinEngine(cfg, args.seed, args.step_ms / 1000.0, endpoint)
+
+
+def validate(args: argparse.Namespace, cfg: TwinConfig) -> list[str]:
+    errors = cfg.validate()
+    if args.requests < 1:
+        errors.append(f"--requests must be at least 1, got {args.requests}.")
+    if not args.step_ms > 0:
+        errors.append(f"--step-ms must be positive, got {args.step_ms}.")
+    if args.duration is not None and not args.duration > 0:
+        errors.append(f"--duration must be positive, got {args.duration}.")
+    if not 0 < args.port < 65536:
+        errors.append(f"--port must be in 1..65535, got {args.port}.")
+    return errors
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C: the sidecar and the engine must not be orphaned."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated()
 
 
 def run_demo(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    sock_dir = Path(tempfile.mkdtemp(prefix="kvscope-demo-"))
-    endpoint = f"ipc://{sock_dir}/probe.sock"
-    base = f"http://127.0.0.1:{args.port}"
+    deadline = None if args.duration is None else started + args.duration
     cfg = TwinConfig(num_blocks=args.blocks, policy=args.policy)
-    spec = WorkloadSpec(n_requests=args.requests, seed=args.seed)
-    errors = cfg.validate() + spec.validate()
+    errors = validate(args, cfg)
     if errors:
-        print("kvscope demo: " + "; ".join(errors), file=sys.stderr)
+        print("kvscope demo: " + " ".join(errors), file=sys.stderr)
         return 2
+    workdir = Path(args.data_dir or tempfile.mkdtemp(prefix="kvscope-demo-")).absolute()
+    workdir.mkdir(parents=True, exist_ok=True)
+    stack = contextlib.ExitStack()
+    stack.callback(signal.signal, signal.SIGTERM, signal.signal(signal.SIGTERM, _terminate))
     try:
-        sidecar = start_sidecar(endpoint, args.port, sock_dir)
-    except DemoError as exc:
-        print(f"kvscope demo: {exc}", file=sys.stderr)
-        return 1
-    try:
-        print(f"kvscope sidecar: {base}/metrics   (engine summary: {base}/api/engines)")
-        print(f"live block layout: {base}/ui")
-        print(f"decision log:    {sock_dir / 'decisions.jsonl'}")
-        print("loading vLLM's scheduler (the twin: vLLM's real Scheduler, no model)...",
-              flush=True)
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-        from kvscope.probe import plugin
-        from kvscope.twin.engine import Twin
-
-        if not plugin.enable(endpoint):
-            print("kvscope demo: the probe could not attach to this vLLM", file=sys.stderr)
-            return 1
-        twin = Twin(cfg, seed=args.seed)
-        requests = generate(spec)
-        print(f"workload: {len(requests)} requests (seed {args.seed}), {args.blocks} blocks "
-              f"of {cfg.block_size} tokens, policy {args.policy}, token budget "
-              f"{cfg.max_num_batched_tokens}/step, max {cfg.max_num_seqs} running")
-        progress = Progress(len(requests))
-        result = twin.run(requests, on_step=lambda i, out: progress(i, out, twin.scheduler),
-                          step_interval_s=args.step_ms / 1000.0)
-        plugin.stop_all()
-        print(("\n" if progress.tty else "") + f"workload done: {result.finished} requests "
-              f"finished in {result.steps} steps ({result.wall_seconds:.1f} s)")
-        engine = wait_caught_up(base, result.steps)
-        print("\nwhat kvscope measured (from the sidecar):")
-        for line in summary_lines(engine):
-            print("  " + line)
-        print(f"\nPrometheus metrics: {base}/metrics   (Ctrl-C to stop)", flush=True)
-        remaining = None if args.duration is None else args.duration - (time.monotonic() - started)
-        if remaining is None:
-            while sidecar.poll() is None:
-                time.sleep(1.0)
-        elif remaining > 0:
-            time.sleep(remaining)
-        return 0
-    except KeyboardInterrupt:
-        return 130
+        return _run(args, cfg, workdir, deadline, stack)
+    except KeyboardInterrupt as exc:
+        term = isinstance(exc, Terminated)
+        print(f"\nkvscope demo: stopped ({'SIGTERM' if term else 'Ctrl-C'})", flush=True)
+        return 143 if term else 130
     except DemoError as exc:
         print(f"kvscope demo: {exc}", file=sys.stderr)
         return 1
     finally:
-        stop_process(sidecar)
+        # A second Ctrl-C (or SIGTERM) must not cut the clean-up short.
+        previous = [signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)]
+        try:
+            stack.close()
+        finally:
+            signal.signal(signal.SIGINT, previous[0])
+
+
+def _run(args: argparse.Namespace, cfg: TwinConfig, workdir: Path, deadline: float | None,
+         stack: contextlib.ExitStack) -> int:
+    endpoint = f"ipc://{workdir}/probe.sock"
+    base = f"http://127.0.0.1:{args.port}"
+    check_port(args.port)
+    engine = make_engine(args, cfg, endpoint, workdir)
+    sidecar = launch_sidecar(endpoint, args.port, workdir,
+                             engine.url if engine.name == "vllm" else None)
+    stack.callback(stop_process, sidecar)
+    for line in describe(args, cfg, engine, base, workdir):
+        print(line)
+    print("starting the engine (loading vLLM takes a few seconds)...", flush=True)
+    stack.callback(engine.stop)
+    engine.start()
+    print(f"  OpenAI API   {engine.url}/v1 (kvscope middleware; clients use kvscope's SDK)")
+    wait_sidecar(sidecar, base, workdir / "sidecar.log")
+    workload = Workload(plan(args.requests, args.seed, args.step_ms / 1000.0), engine.url,
+                        engine.model, base, send_priority=cfg.policy == "priority")
+    view = LiveView(base, engine.name, workload)
+    t0 = time.monotonic()
+    complete = asyncio.run(drive(workload, view, engine, deadline))
+    failed = sum(t.failed for t in workload.tallies.values())
+    print(f"\nworkload {'done' if complete else 'cut off by --duration'}: {workload.done}/"
+          f"{workload.total} requests answered ({failed} failed) in "
+          f"{time.monotonic() - t0:.1f} s; waiting for the sidecar to store everything...",
+          flush=True)
+    for t in workload.tallies.values():
+        for err in t.errors:
+            print(f"  error: {err}")
+    scrape = settle(base, engine.steps(), workload.done - failed,
+                    timeout_s=20.0 if complete else 5.0)
+    ev = collect(base, workdir / "decisions.jsonl", scrape, view.trend, workload)
+    print("\nfindings (computed from what the sidecar recorded):")
+    for line in findings(ev):
+        print("  " + line)
+    print("\nlook next:")
+    for line in next_steps(base, workdir, workdir / "decisions.jsonl"):
+        print("  " + line)
+    if deadline is not None and time.monotonic() >= deadline:
+        print("\n--duration reached: stopping", flush=True)
+        return 0
+    until = "" if deadline is None else f" for {deadline - time.monotonic():.0f} s"
+    print(f"\nthe sidecar keeps serving {base}{until} (Ctrl-C to stop)", flush=True)
+    while deadline is None or time.monotonic() < deadline:
+        if sidecar.poll() is not None:
+            raise DemoError(f"the sidecar exited with code {sidecar.returncode}; "
+                            f"log {workdir / 'sidecar.log'}")
+        time.sleep(0.5 if deadline is None else min(0.5, max(0.0, deadline - time.monotonic())))
+    return 0

@@ -1,66 +1,227 @@
-"""`kvscope demo` end to end, as a user runs it: live metrics, a summary, a clean stop."""
+"""`kvscope demo` end to end, headless, as a user runs it (twin engine).
+
+Every layer must have produced data: Prometheus metrics (block gauges in sync, the
+preemption count the findings print), ClickHouse rows in every table (read from the
+sidecar's own counters while it serves, then from the store once the demo has stopped),
+the decision log (one preempt line per preemption), the ``/ui`` page and ``/api/layout``,
+and client correlation (every request counted per client, traces joined, a duplicate
+flagged). Ctrl-C must stop it with no process left behind, after the run and in the
+middle of it.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import queue
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import httpx
 import psutil
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from kvscope.demo_live import Scrape
 from kvscope.localvllm.server import free_port
 
 pytestmark = pytest.mark.twin
 
+REQUESTS = 100
+FAST = ["--step-ms", "4", "--requests", str(REQUESTS), "--blocks", "64"]
+TABLES = ("request_traces", "request_events", "scheduler_decisions", "step_stats",
+          "layout_snapshots", "client_requests")
 
-def test_demo_serves_live_metrics_and_stops_cleanly() -> None:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kvscope", "demo", "--port", str(port), "--step-ms", "1",
-         "--requests", "80", "--blocks", "48"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        lines: list[str] = []
-        deadline = time.monotonic() + 180
-        assert proc.stdout is not None
+
+class Demo:
+    """``python -m kvscope demo`` as a subprocess, its output read line by line."""
+
+    def __init__(self, tmp_path: Path, *args: str) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.data = tmp_path / "demo"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KVSCOPE_")}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kvscope", "demo", "--port", str(self.port),
+             "--data-dir", str(self.data), *args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**env, "PYTHONUNBUFFERED": "1"})
+        self.lines: list[str] = []
+        self._q: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._q.put(line)
+        self._q.put(None)
+
+    def wait_for(self, pattern: str, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            assert line, "demo exited early:\n" + "".join(lines)
-            lines.append(line)
-            if "(Ctrl-C to stop)" in line:
+            try:
+                line = self._q.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
                 break
-        text = "".join(lines)
-        assert f"http://127.0.0.1:{port}/metrics" in text
-        assert "what kvscope measured" in text
-        preempt_line = next(ln for ln in lines if ln.strip().startswith("preemptions"))
-        shown = int(preempt_line.split()[1])
-        assert shown > 0
+            if line is None:
+                pytest.fail(f"the demo exited before {pattern!r}:\n{self.text()}")
+            self.lines.append(line)
+            if re.search(pattern, line):
+                return line
+        pytest.fail(f"no {pattern!r} within {timeout_s:.0f} s:\n{self.text()}")
 
-        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-        samples = {(s.name, s.labels.get("reason")): s.value
-                   for f in text_string_to_metric_families(metrics) for s in f.samples}
-        total = sum(v for (n, _), v in samples.items()
-                    if n == "vllm_scheduler_preempted_requests_total")
-        assert total == shown
-        assert samples[("kvscope_ledger_synced", None)] == 1
-        assert samples[("vllm_scheduler_total_blocks", None)] == 47
-        assert ("vllm_scheduler_max_contiguous_free_blocks", None) in samples
-        sidecar_pids = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
-        assert sidecar_pids
-    finally:
-        proc.send_signal(signal.SIGINT)
+    def text(self) -> str:
+        while not self._q.empty():
+            line = self._q.get()
+            if line is not None:
+                self.lines.append(line)
+        return "".join(self.lines)
+
+    def descendants(self) -> list[int]:
+        return [c.pid for c in psutil.Process(self.proc.pid).children(recursive=True)]
+
+    def finish(self, timeout_s: float = 30.0) -> int:
         try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 130
-    for pid in sidecar_pids:
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+            return self.proc.wait(timeout_s)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def assert_gone(pids: list[int]) -> None:
+    deadline = time.monotonic() + 5
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in pids if psutil.pid_exists(p)
+                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        time.sleep(0.1)
+    assert not alive, f"processes left behind: {alive}"
+
+
+def stored_rows(chdb_dir: Path) -> dict[str, int]:
+    """Rows per table in the demo's store, read by a fresh process (one chDB per process)."""
+    script = (
+        "import json, sys, clickhouse_connect\n"
+        "c = clickhouse_connect.get_client(dsn='chdb://' + sys.argv[1], database='kvscope')\n"
+        f"t = {list(TABLES)!r}\n"
+        "out = {n: c.query(f'SELECT count() FROM {n}').result_rows[0][0] for n in t}\n"
+        "out['preempt'] = c.query(\"SELECT count() FROM scheduler_decisions "
+        "WHERE decision = 'preempt'\").result_rows[0][0]\n"
+        "print(json.dumps(out))\n")
+    done = subprocess.run([sys.executable, "-c", script, str(chdb_dir)], capture_output=True,
+                          text=True, timeout=60, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_demo_every_layer_produced_data(tmp_path: Path) -> None:
+    demo = Demo(tmp_path, *FAST, "--duration", "600")
+    try:
+        demo.wait_for(r"\(Ctrl-C to stop\)", 150)
+        text = demo.text()
+        shown = int(re.search(r"^  preemptions\s+(\d+) \(", text, re.M).group(1))  # type: ignore[union-attr]
+        assert shown > 0, text
+        assert f"{REQUESTS}/{REQUESTS} requests answered (0 failed)" in text
+        assert f"{demo.base}/ui" in text and "query hourly_preemptions --dsn chdb://" in text
+        pids = demo.descendants()
+        assert pids, "the sidecar runs as a child process"
+
+        with httpx.Client(base_url=demo.base, timeout=10, trust_env=False) as http:
+            m = Scrape(http.get("/metrics").text)
+            ui = http.get("/ui")
+            layout = http.get("/api/layout").json()
+            engines = http.get("/api/engines").json()["engines"]
+
+        # layer 1: Prometheus
+        assert m.value("kvscope_ledger_synced") == 1
+        assert m.value("vllm_scheduler_total_blocks") == 63
+        for gauge in ("free_blocks", "used_blocks", "max_contiguous_free_blocks",
+                      "tail_waste_tokens"):
+            assert m.value(f"vllm_scheduler_{gauge}") is not None, gauge
+        assert m.total("vllm_scheduler_preempted_requests_total") == shown
+        assert m.value("vllm_scheduler_preempted_requests_total", reason="kv_full") == shown
+        assert m.total("vllm_scheduler_requests_ended_total") == REQUESTS
+        # layer 2 (and the layout and decision rows): what ClickHouse acknowledged
+        rows = m.by("kvscope_sink_rows_written_total", "table")
+        assert rows["request_traces"] == REQUESTS and rows["client_requests"] == REQUESTS
+        assert all(rows.get(t, 0) > 0 for t in TABLES), rows
+        assert m.total("kvscope_sink_rows_dropped_total") == 0
+        # layer 3: the page and its data
+        assert ui.status_code == 200 and "<html" in ui.text.lower()
+        assert [e["engine"] for e in layout["engines"]] == [engines[0]["engine"]]
+        assert layout["engines"][0]["status"] == "ok" and layout["engines"][0]["layout"]
+        # layer 5: every request counted per client, traces joined, a duplicate flagged
+        per_client = m.by("kvscope_client_requests_total", "client")
+        assert sum(per_client.values()) == REQUESTS
+        assert set(per_client) == {"chat-frontend", "rag-service", "batch-summarizer",
+                                   "retry-bot"}
+        assert m.total("kvscope_client_traces_joined_total") >= 0.99 * REQUESTS
+        assert m.total("kvscope_client_duplicate_requests_total") >= 1
+        agents = m.by("kvscope_user_agent_requests_total", "user_agent")
+        assert any(a.startswith("retry-bot/0.1 kvscope-client/") for a in agents), agents
+        # layer 4: one preempt line per preemption, each with the facts to check its cause
+        log = [json.loads(ln) for ln in (demo.data / "decisions.jsonl").read_text().splitlines()]
+        preempts = [d for d in log if d["event"] == "preempt"]
+        assert len(preempts) == shown
+        assert all(d["blocks_needed"] > d["free_blocks"] for d in preempts)
+        assert f"{shown} of {shown} preemptions needed more blocks than were free" in text
+
+        demo.proc.send_signal(signal.SIGINT)
+        assert demo.finish() == 130, demo.text()
+    finally:
+        demo.kill()
+    assert_gone(pids)
+    stored = stored_rows(demo.data / "chdb")
+    assert stored["request_traces"] == REQUESTS and stored["client_requests"] == REQUESTS
+    assert stored["preempt"] == shown
+    assert all(stored[t] > 0 for t in TABLES), stored
+
+
+def test_ctrl_c_mid_run_stops_everything(tmp_path: Path) -> None:
+    demo = Demo(tmp_path, "--step-ms", "10", "--requests", "200")
+    try:
+        demo.wait_for(r"answered \d+/200", 120)  # the live view's first line
+        time.sleep(2.0)  # requests in flight, the pool filling
+        pids = demo.descendants()
+        demo.proc.send_signal(signal.SIGINT)
+        assert demo.finish() == 130, demo.text()
+        assert "stopped (Ctrl-C)" in demo.text()
+    finally:
+        demo.kill()
+    assert_gone(pids)
+
+
+@pytest.mark.engine
+def test_demo_against_a_real_vllm_server(tmp_path: Path) -> None:
+    """``--engine vllm``: the probe and the middleware inside a real vLLM server (~40 s)."""
+    from tests.engine.conftest import vllm_machine_lock
+
+    with vllm_machine_lock():
+        demo = Demo(tmp_path, "--engine", "vllm", "--requests", "40")
+        try:
+            demo.wait_for(r"\(Ctrl-C to stop\)", 400)
+            text = demo.text()
+            assert "40/40 requests answered (0 failed)" in text, text
+            pids = demo.descendants()
+            with httpx.Client(base_url=demo.base, timeout=10, trust_env=False) as http:
+                m = Scrape(http.get("/metrics").text)
+            assert m.value("kvscope_reconciliation_preemptions_diff") == 0, text
+            assert m.total("kvscope_client_requests_total") == 40
+            ended = m.total("vllm_scheduler_requests_ended_total")
+            assert ended >= 38  # the probe may drop records on a loaded machine, and says so
+            assert m.total("kvscope_client_traces_joined_total") == ended
+            assert "reconciliation    kvscope's preemption count minus vLLM's own" in text
+            demo.proc.send_signal(signal.SIGINT)
+            assert demo.finish(60) == 130, demo.text()
+        finally:
+            demo.kill()
+        assert_gone(pids)

@@ -58,6 +58,25 @@ def test_trace_joined_to_its_client_and_row_written_at_the_answer() -> None:
     assert j.stats.preemptions == {"team-a": 2} and j.stats.requests == {"team-a": 1}
 
 
+def test_an_answer_before_its_trace_waits_for_the_join() -> None:
+    out: list[object] = []
+    clock = Clock()
+    j = ClientJoin(out.append, join_wait_s=5, clock=clock)
+    j.on_client(start())
+    j.on_client(wire.ClientEnd(RID, 101.0, 200, 0.9))
+    assert not [r for r in out if isinstance(r, ClientRequest)]
+    j.on_trace(trace(f"cmpl-{RID}-0-deadbeef", preempts=1))
+    (row,) = [r for r in out if isinstance(r, ClientRequest)]
+    assert row.engine_request_ids == f"cmpl-{RID}-0-deadbeef" and row.preempt_count == 1
+    other = "kvs" + "cd" * 16
+    j.on_client(start(rid=other))
+    j.on_client(wire.ClientEnd(other, 102.0, 200, 0.9))
+    clock.t = 6
+    j.tick()
+    rows = [r for r in out if isinstance(r, ClientRequest)]
+    assert rows[-1].request_id == other and rows[-1].preempt_count == -1
+
+
 def test_a_trace_waits_for_its_client_then_goes_unjoined() -> None:
     out: list[object] = []
     clock = Clock()
@@ -84,6 +103,7 @@ def test_a_resubmission_is_flagged_duplicate() -> None:
     j.on_client(start(rid=third, ts=200.0))  # outside the window
     for rid in (RID, second, third):
         j.on_client(wire.ClientEnd(rid, 201.0, 200, 0.1))
+    j.flush()  # no engine trace came: rows are written when the join wait ends
     rows = [r for r in out if isinstance(r, ClientRequest)]
     assert [r.duplicate for r in rows] == [False, True, False]
     assert rows[1].duplicate_of == RID
@@ -97,6 +117,7 @@ def test_hostile_header_values_cannot_raise_cardinality() -> None:
         rid = f"kvs{i:032x}"
         j.on_client(start(rid=rid, client=f"evil-{i}\n\x00", agent=f"bot/{i}"))
         j.on_client(wire.ClientEnd(rid, 1.0, 200, 0.1))
+    j.flush()
     assert len(j.stats.requests) == 6 and j.stats.requests["other"] == 995
     assert len(j.stats.agent_requests) == 4
     assert j.stats.clients.overflow == 995 and j.stats.agents.overflow == 997

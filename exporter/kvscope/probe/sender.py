@@ -19,6 +19,7 @@ from kvscope.probe.recorder import Recorder
 log = logging.getLogger("kvscope.probe")
 
 MAX_BATCH = 128
+SEND_WAIT_MS = 200
 CONNECT_GRACE_MS = 1000
 """How long the sender waits, once, for its first connection before it starts sending."""
 
@@ -152,6 +153,9 @@ class Sender(threading.Thread):
         deadline = time.monotonic() + 2.0  # flush what is left, boundedly
         while self.rec.ring and time.monotonic() < deadline:
             self.drain_once()
+        left = len(self.rec.ring)  # what could not be sent in time is dropped, and counted
+        self.rec.ring.clear()
+        self.rec.send_dropped += left
         self._sock.close(0)
 
     def drain_once(self) -> int:
@@ -166,6 +170,11 @@ class Sender(threading.Thread):
             handled += n
             try:
                 frame = make_frame(rec, first, items)
+                # A busy sidecar (or its starved I/O thread) fills the pipe for moments:
+                # wait a little on this thread rather than drop. The engine thread never
+                # waits; if this wait lasts, the ring fills and drops are counted there.
+                if not self._sock.poll(SEND_WAIT_MS, zmq.POLLOUT):
+                    raise zmq.Again()
                 self._sock.send_multipart(wire.encode(frame), flags=zmq.NOBLOCK, copy=False)
                 self.sent += n
             except Exception as exc:  # noqa: BLE001

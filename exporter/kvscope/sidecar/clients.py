@@ -86,6 +86,8 @@ class _Open:
     engine_ids: list[str] = field(default_factory=list)
     preemptions: int = 0
     reason: str = ""
+    end: wire.ClientEnd | None = None
+    row_written: bool = False
 
 
 class ClientJoin:
@@ -104,6 +106,7 @@ class ClientJoin:
         self.closed: OrderedDict[str, _Open] = OrderedDict()  # answered; late traces join
         self.last_prompt: OrderedDict[tuple[str, str], tuple[float, str]] = OrderedDict()
         self.held: list[tuple[float, RequestTrace]] = []
+        self.rows_waiting: list[tuple[float, _Open]] = []
         self.stats = ClientStats(LabelSlots(max_clients), LabelSlots(max_user_agents))
 
     # -- from the middleware ----------------------------------------------------------
@@ -134,6 +137,16 @@ class ClientJoin:
         self.closed[e.request_id] = o
         while len(self.closed) > 10_000:
             self.closed.popitem(last=False)
+        o.end = e
+        if o.engine_ids:
+            self._write_row(o)
+        else:  # the engine's trace usually lands just after the HTTP answer: wait for it
+            self.rows_waiting.append((self.clock() + self.join_wait_s, o))
+
+    def _write_row(self, o: _Open) -> None:
+        e = o.end
+        assert e is not None
+        o.row_written = True
         s, st = o.start, self.stats
         label = st.clients(client_label(s))
         st.bump(st.requests, label)
@@ -178,6 +191,8 @@ class ClientJoin:
         st.joined_traces += 1
         self.emit(replace(trace, client_id=s.client_id, user_agent=s.user_agent,
                           api_key_hash=s.api_key_hash, prompt_hash=s.prompt_hash))
+        if o.end is not None and not o.row_written:
+            self._write_row(o)
         return True
 
     def _release(self, trace: RequestTrace) -> None:
@@ -197,6 +212,15 @@ class ClientJoin:
             else:
                 still.append((deadline, trace))
         self.held = still
+        waiting = []
+        for deadline, o in self.rows_waiting:
+            if o.row_written:
+                continue
+            if now >= deadline:
+                self._write_row(o)
+            else:
+                waiting.append((deadline, o))
+        self.rows_waiting = waiting
         while self.open:
             first = next(iter(self.open.values()))
             if now - first.seen < self.keep_s:
@@ -207,3 +231,7 @@ class ClientJoin:
         for _, trace in self.held:
             self._release(trace)
         self.held = []
+        for _, o in self.rows_waiting:
+            if not o.row_written:
+                self._write_row(o)
+        self.rows_waiting = []
