@@ -25,7 +25,6 @@ LOCAL_QUERIES = Path(__file__).resolve().parent / "queries"
 """Saved queries only the dashboards use so far (same format as clickhouse/queries)."""
 MARKER = "-- kvscope saved query: "
 _PARAM = re.compile(r"\{(\w+):([^{}]+)\}")
-_DEFAULT = re.compile(r"^--[ \t]*@param[ \t]+(\w+)[ \t]*=[ \t]*(\S+)", re.MULTILINE)
 
 DATASOURCE = DataSourceRef(type_val=CLICKHOUSE_TYPE, uid="${clickhouse}")
 
@@ -60,15 +59,7 @@ def load(name: str) -> SavedQuery:
 
 def parse(name: str, sql: str) -> SavedQuery:
     """As ``SavedQuery.load`` reads a file: leading comment, ``@param`` defaults, types."""
-    head = []
-    for line in sql.splitlines():
-        if not line.startswith("--"):
-            break
-        if not _DEFAULT.match(line):
-            head.append(line[2:].strip())
-    defaults = {k: v[1:-1] if len(v) > 1 and v[0] == v[-1] == "'" else v
-                for k, v in _DEFAULT.findall(sql)}
-    return SavedQuery(name, sql, " ".join(head), dict(_PARAM.findall(sql)), defaults)
+    return SavedQuery.parse(name, sql)
 
 
 def body(sql: str) -> str:

@@ -50,7 +50,11 @@ class SavedQuery:
         files = {f.name[:-4]: f for f in schema.sql_files("queries")}
         if name not in files:
             raise KeyError(f"no saved query {name!r}; there are: {', '.join(sorted(files))}")
-        sql = files[name].read_text(encoding="utf-8")
+        return cls.parse(name, files[name].read_text(encoding="utf-8"))
+
+    @classmethod
+    def parse(cls, name: str, sql: str) -> SavedQuery:
+        """A query from its text: leading comment, ``@param`` defaults, typed params."""
         head = []
         for line in sql.splitlines():
             if not line.startswith("--"):

@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from kvscope import __version__
+from kvscope.sidecar.bodylimit import MAX_BODY_BYTES, BodyLimit
 from kvscope.sidecar.engine import EngineState
 from kvscope.sidecar.hub import Hub
 from kvscope.sidecar.pressure import PressurePolicy, preempt_rate
@@ -64,21 +65,7 @@ def engine_summary(st: EngineState) -> dict[str, Any]:
             max_contiguous_free_blocks=st.max_contiguous_free(),
             tail_waste_tokens=led.tail_waste_tokens(),
         )
-    out["recent_preemptions"] = [
-        {
-            "victim": p.fact.victim,
-            "reason": p.fact.reason,
-            "blocks_needed": p.fact.blocks_needed,
-            "free_blocks": p.fact.free_blocks,
-            "max_contiguous_free_blocks": p.max_contiguous_free,
-            "victim_blocks": p.fact.victim_blocks,
-            "computed_tokens_lost": p.fact.computed_tokens_lost,
-            "requester": p.fact.requester,
-            "policy": p.fact.policy,
-            "ts": p.fact.ts,
-        }
-        for p in list(st.recent_preemptions)[-20:]
-    ]
+    out["recent_preemptions"] = [p.as_json() for p in list(st.recent_preemptions)[-20:]]
     return out
 
 
@@ -90,6 +77,7 @@ def create_app(
     token: str | None = None,
     receiver_error: Any = None,
     policy: PressurePolicy | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> FastAPI:
     app = FastAPI(title="kvscope sidecar", version=__version__)
     policy = policy or PressurePolicy()
@@ -144,4 +132,5 @@ def create_app(
                 "frames_rejected": dict(hub.rejected),
             }
 
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)  # outermost: before the token
     return app

@@ -28,6 +28,23 @@ class PreemptionSeen:
     max_contiguous_free: int | None
     """Longest run of consecutive free block IDs just before; None when stale."""
 
+    def as_json(self) -> dict[str, object]:
+        """The preemption with its facts, as every API route shows it."""
+        f = self.fact
+        return {
+            "ts": f.ts,
+            "step": self.step,
+            "victim": f.victim,
+            "reason": f.reason,
+            "policy": f.policy,
+            "blocks_needed": f.blocks_needed,
+            "free_blocks": f.free_blocks,
+            "max_contiguous_free_blocks": self.max_contiguous_free,
+            "victim_blocks": f.victim_blocks,
+            "computed_tokens_lost": f.computed_tokens_lost,
+            "requester": f.requester,
+        }
+
 
 @dataclass
 class Counters:

@@ -71,19 +71,7 @@ def history_json(points: list[Point], n: int) -> dict[str, list[Any]]:
 def preemptions_json(st: EngineState) -> list[dict[str, Any]]:
     """The latest preemptions, newest first, with the facts that explain each."""
     return [
-        {
-            "ts": p.fact.ts,
-            "step": p.step,
-            "victim": p.fact.victim,
-            "reason": p.fact.reason,
-            "policy": p.fact.policy,
-            "blocks_needed": p.fact.blocks_needed,
-            "free_blocks": p.fact.free_blocks,
-            "max_contiguous_free_blocks": p.max_contiguous_free,
-            "victim_blocks": p.fact.victim_blocks,
-            "computed_tokens_lost": p.fact.computed_tokens_lost,
-            "requester": p.fact.requester,
-        }
+        p.as_json()
         for p in reversed(list(st.recent_preemptions)[-PREEMPTIONS_SHOWN:])
     ]
 
