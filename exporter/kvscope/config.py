@@ -63,6 +63,10 @@ class ServeConfig:
     """Embedded chDB store and its spool (env KVSCOPE_DATA_DIR)."""
     layout_interval_s: float = 1.0
     """Seconds between block-layout samples per engine (env KVSCOPE_LAYOUT_INTERVAL_S)."""
+    tls_cert: str | None = None
+    """PEM certificate (chain): serve HTTPS instead of HTTP (env KVSCOPE_TLS_CERT)."""
+    tls_key: str | None = field(default=None, repr=False)
+    """PEM private key of that certificate (env KVSCOPE_TLS_KEY)."""
 
     def store_dsn(self) -> str | None:
         """The ClickHouse DSN to write to, None when the store is off."""
@@ -101,6 +105,11 @@ class ServeConfig:
             errors.append("layout interval must be between 0.05 and 3600 seconds")
         if self.decision_log_max_bytes < 4096:
             errors.append("decision log rotation size must be at least 4096 bytes")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            errors.append("TLS needs both --tls-cert and --tls-key")
+        for what, path in (("certificate", self.tls_cert), ("key", self.tls_key)):
+            if path and not os.path.isfile(path):
+                errors.append(f"TLS {what} {path!r} is not a file")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             errors.append(f"log level {self.log_level!r} is not debug/info/warning/error")
         if errors:
@@ -131,6 +140,8 @@ ENV = {
     "clickhouse_ttl_days": "KVSCOPE_CLICKHOUSE_TTL_DAYS",
     "data_dir": "KVSCOPE_DATA_DIR",
     "layout_interval_s": "KVSCOPE_LAYOUT_INTERVAL_S",
+    "tls_cert": "KVSCOPE_TLS_CERT",
+    "tls_key": "KVSCOPE_TLS_KEY",
 }
 
 

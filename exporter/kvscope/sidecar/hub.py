@@ -50,12 +50,13 @@ class Hub:
             except _Unknown:
                 self.rejected["unknown_session"] += 1
                 return False
-            except (ValueError, TypeError, KeyError, IndexError) as exc:
+            except Exception as exc:  # noqa: BLE001 - a bad frame must never stop the receiver
                 state = self.engines.get(frame.engine)
                 if state is not None:
                     state.ledger.synced = False
                 self._reject("invalid", f"engine {frame.engine!r}: {exc}")
                 return False
+            self.frames += 1  # accepted: a refused frame is counted once, as rejected
         return True
 
     def _reject(self, reason: str, detail: str) -> None:
@@ -65,7 +66,6 @@ class Hub:
                         reason, self.rejected[reason], detail[:300])
 
     def _ingest(self, frame: wire.Frame) -> None:
-        self.frames += 1
         if frame.engine.startswith(wire.CLIENT_ENGINE_PREFIX):
             for rec in frame.records:
                 if not isinstance(rec, (wire.ClientStart, wire.ClientEnd)):

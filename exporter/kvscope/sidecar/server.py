@@ -104,6 +104,8 @@ class Sidecar:
                 access_log=False,
                 limit_concurrency=256,
                 timeout_graceful_shutdown=5,
+                ssl_certfile=cfg.tls_cert,
+                ssl_keyfile=cfg.tls_key,
             )
         )
         self._thread: threading.Thread | None = None
@@ -131,7 +133,8 @@ class Sidecar:
     def run(self) -> None:
         """Bind and serve until SIGINT / SIGTERM (uvicorn handles both)."""
         self._start_workers()
-        log.info("kvscope sidecar on http://%s:%d/metrics", self.cfg.host, self.cfg.port)
+        log.info("kvscope sidecar on %s://%s:%d/metrics", "https" if self.cfg.tls_cert else "http",
+                 self.cfg.host, self.cfg.port)
         try:
             self.server.run()
         finally:
