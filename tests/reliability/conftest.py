@@ -14,10 +14,6 @@ import os
 import pytest
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    pass
-
-
 @pytest.fixture(autouse=True)
 def _quiet_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VLLM_LOGGING_LEVEL", os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"))
