@@ -125,8 +125,9 @@ def enable(endpoint: str | None) -> bool:
         return False
 
 
-def stop_all(timeout_s: float = 2.0) -> None:
-    """Flush and stop every sender of this process (tests, the twin at exit)."""
+def stop_all(timeout_s: float = 5.0) -> None:
+    """Flush and stop every sender of this process (tests, the twin at exit). A sender
+    flushes for at most about 2 s, then counts what it could not send as dropped."""
     for s in list(_senders):
         s.stop_event.set()
         s.join(timeout_s)

@@ -20,6 +20,10 @@ log = logging.getLogger("kvscope.probe")
 
 MAX_BATCH = 128
 SEND_WAIT_MS = 200
+FLUSH_INTERVAL_S = 0.02
+"""Pause after sending, so a frame carries the records of many steps. The high-water
+marks count frames: at one frame per step (about 1 ms on a small engine) they held about
+a second of records, and a sidecar descheduled for longer made the probe drop records."""
 CONNECT_GRACE_MS = 1000
 """How long the sender waits, once, for its first connection before it starts sending."""
 
@@ -148,7 +152,12 @@ class Sender(threading.Thread):
             except Exception as exc:  # noqa: BLE001
                 self.rec.fault("sender", exc, rescan=False)
                 n = 0
-            idle = 0.001 if n else min(idle * 2, 0.05)
+            if n >= 4 * MAX_BATCH:
+                idle = 0.001  # a backlog: keep draining
+            elif n:
+                idle = FLUSH_INTERVAL_S
+            else:
+                idle = min(idle * 2, 0.05)
             time.sleep(idle)
         deadline = time.monotonic() + 2.0  # flush what is left, boundedly
         while self.rec.ring and time.monotonic() < deadline:
