@@ -44,6 +44,8 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clickhouse-ttl-days", type=int,
                    help=f"days ClickHouse keeps rows, default 30 [{ENV['clickhouse_ttl_days']}]")
     p.add_argument("--data-dir", help=f"embedded store and spool [{ENV['data_dir']}]")
+    p.add_argument("--loki-url", help=f"also push decisions to this Loki [{ENV['loki_url']}]")
+    p.add_argument("--loki-tenant", help=f"X-Scope-OrgID for Loki [{ENV['loki_tenant']}]")
     p.add_argument("--layout-interval", dest="layout_interval_s", type=float,
                    help=f"seconds between layout samples [{ENV['layout_interval_s']}]")
     p.add_argument("--tls-cert", help=f"PEM certificate: serve HTTPS [{ENV['tls_cert']}]")

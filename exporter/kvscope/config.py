@@ -61,6 +61,10 @@ class ServeConfig:
     """Days ClickHouse keeps rows (env KVSCOPE_CLICKHOUSE_TTL_DAYS)."""
     data_dir: str = field(default_factory=default_data_dir)
     """Embedded chDB store and its spool (env KVSCOPE_DATA_DIR)."""
+    loki_url: str | None = field(default=None, repr=False)
+    """Also push decisions to Loki's HTTP API at this base URL (env KVSCOPE_LOKI_URL)."""
+    loki_tenant: str | None = None
+    """X-Scope-OrgID for a multi-tenant Loki (env KVSCOPE_LOKI_TENANT)."""
     layout_interval_s: float = 1.0
     """Seconds between block-layout samples per engine (env KVSCOPE_LAYOUT_INTERVAL_S)."""
     tls_cert: str | None = None
@@ -99,6 +103,8 @@ class ServeConfig:
             ("http://", "https://", "chdb://")
         ):
             errors.append("ClickHouse DSN must start with http://, https:// or chdb://, or be off")
+        if self.loki_url is not None and not self.loki_url.startswith(("http://", "https://")):
+            errors.append("Loki URL must start with http:// or https://")
         if self.clickhouse_ttl_days < 1:
             errors.append("ClickHouse TTL must be at least 1 day")
         if not 0.05 <= self.layout_interval_s <= 3600:
@@ -140,6 +146,8 @@ ENV = {
     "clickhouse_ttl_days": "KVSCOPE_CLICKHOUSE_TTL_DAYS",
     "data_dir": "KVSCOPE_DATA_DIR",
     "layout_interval_s": "KVSCOPE_LAYOUT_INTERVAL_S",
+    "loki_url": "KVSCOPE_LOKI_URL",
+    "loki_tenant": "KVSCOPE_LOKI_TENANT",
     "tls_cert": "KVSCOPE_TLS_CERT",
     "tls_key": "KVSCOPE_TLS_KEY",
 }

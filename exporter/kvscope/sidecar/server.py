@@ -25,6 +25,7 @@ from kvscope.sidecar.vllm_metrics import VllmScraper
 from kvscope.sinks.base import SinkManager
 from kvscope.sinks.clickhouse import ClickHouseSink
 from kvscope.sinks.decisionlog import DecisionLog
+from kvscope.sinks.loki import LokiSink
 from kvscope.sinks.metrics import SinkCollector
 from kvscope.sinks.rows import RequestTrace
 
@@ -42,6 +43,9 @@ class Sidecar:
         if cfg.decision_log != "off":
             path = None if cfg.decision_log == "-" else cfg.decision_log
             self.sinks.add(DecisionLog(path, max_bytes=cfg.decision_log_max_bytes))
+        if cfg.loki_url:
+            self.sinks.add(LokiSink(cfg.loki_url, f"{cfg.data_dir}/spool-loki",
+                                    tenant=cfg.loki_tenant))
         dsn = cfg.store_dsn()
         store: ClickHouseSink | None = None
         if dsn is not None:
