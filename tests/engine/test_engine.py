@@ -21,7 +21,7 @@ from kvscope.localvllm.load import LoadSpec, build_requests, run_load_sync
 from kvscope.localvllm.server import live_group_pids
 
 if TYPE_CHECKING:
-    from conftest import EngineStack
+    from tests.engine.conftest import EngineStack
 
 pytestmark = pytest.mark.engine
 
@@ -37,13 +37,6 @@ def sample(text: str, name: str, labels: dict[str, str] | None = None) -> float:
     if len(found) != 1:
         raise LookupError(f"{len(found)} samples named {name} with labels {want}")
     return float(found[0])
-
-
-def sample_sum(text: str, name: str, labels: dict[str, str] | None = None) -> float:
-    """The sum over every sample called ``name`` whose labels include ``labels``."""
-    want = labels or {}
-    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
-               if s.name == name and all(s.labels.get(k) == v for k, v in want.items()))
 
 
 def get_text(url: str) -> str:
@@ -71,10 +64,14 @@ def wait_for_synced_engine(stack: EngineStack, timeout_s: float) -> dict[str, An
 
 
 def wait_until_quiet(stack: EngineStack, timeout_s: float = 60.0) -> tuple[str, str]:
-    """Wait until vLLM runs and queues nothing, the sidecar has seen every request end and
-    has scraped vLLM twice since; return (vLLM's exposition, the sidecar's) read then."""
+    """Wait until vLLM runs and queues nothing, the sidecar's last step says the same and no
+    step followed it, and the sidecar has scraped vLLM twice since vLLM went idle.
+
+    Returns (vLLM's exposition, the sidecar's), read after that.
+    """
     deadline = time.monotonic() + timeout_s
-    scrapes_when_quiet: float | None = None
+    scrapes_when_idle: float | None = None
+    last_steps: float | None = None
     while True:
         vllm_text = get_text(f"{stack.vllm.url}/metrics")
         side_text = get_text(f"{stack.sidecar.url}/metrics")
@@ -82,44 +79,48 @@ def wait_until_quiet(stack: EngineStack, timeout_s: float = 60.0) -> tuple[str, 
                      and sample(vllm_text, "vllm:num_requests_waiting", ENGINE) == 0)
         scrapes = sample(side_text, "kvscope_vllm_scrapes_total")
         if not vllm_idle:
-            scrapes_when_quiet = None
-        elif scrapes_when_quiet is None:
-            scrapes_when_quiet = scrapes
-        side = {
-            "running": sample(side_text, "vllm_scheduler_running_requests", ENGINE),
-            "waiting": sample(side_text, "vllm_scheduler_waiting_requests", ENGINE),
-            "arrived": sample(side_text, "vllm_scheduler_requests_arrived_total", ENGINE),
-            "ended": sample_sum(side_text, "vllm_scheduler_requests_ended_total", ENGINE),
-        }
-        side_idle = side["running"] == side["waiting"] == 0 and side["arrived"] == side["ended"]
-        if vllm_idle and side_idle and scrapes >= (scrapes_when_quiet or 0) + 2:
+            scrapes_when_idle = None
+        elif scrapes_when_idle is None:
+            scrapes_when_idle = scrapes
+        steps = sample(side_text, "vllm_scheduler_steps_total", ENGINE)
+        side_idle = (sample(side_text, "vllm_scheduler_running_requests", ENGINE) == 0
+                     and sample(side_text, "vllm_scheduler_waiting_requests", ENGINE) == 0
+                     and steps == last_steps)
+        last_steps = steps
+        if vllm_idle and side_idle and scrapes >= (scrapes_when_idle or 0) + 2:
             return get_text(f"{stack.vllm.url}/metrics"), get_text(f"{stack.sidecar.url}/metrics")
         if time.monotonic() > deadline:
-            pytest.fail(f"not quiet after {timeout_s:.0f} s: vLLM idle {vllm_idle}, "
-                        f"sidecar {side}, engine 0: {engine_summary(stack)}")
+            pytest.fail(f"not quiet after {timeout_s:.0f} s: vLLM idle {vllm_idle}, sidecar "
+                        f"idle {side_idle}; engine 0: {engine_summary(stack)}")
         time.sleep(0.25)
 
 
-class DiffSampler(threading.Thread):
-    """Reads the sidecar's free-blocks reconciliation gauge while a load runs."""
+class LoadWatcher(threading.Thread):
+    """Reads the sidecar's /metrics while a load runs: the free-blocks reconciliation gauge
+    and how many probe records have arrived (a stalled sidecar shows as a flat line)."""
 
     def __init__(self, url: str, interval_s: float = 0.5) -> None:
-        super().__init__(name="free-blocks-diff-sampler", daemon=True)
+        super().__init__(name="kvscope-load-watcher", daemon=True)
         self.url = url
         self.interval_s = interval_s
         self.diffs: list[float] = []
+        self.records: list[tuple[float, float]] = []
+        """(seconds since start, records received so far)."""
         self.absent = 0
         self.errors = 0
         self.stop_event = threading.Event()
+        self._t0 = time.monotonic()
 
     def run(self) -> None:
         with httpx.Client(timeout=5.0, trust_env=False) as client:
             while not self.stop_event.wait(self.interval_s):
                 try:
                     text = client.get(f"{self.url}/metrics").text
+                    self.records.append((round(time.monotonic() - self._t0, 1),
+                                         sample(text, "kvscope_probe_records_received_total")))
                     self.diffs.append(
                         sample(text, "kvscope_reconciliation_free_blocks_diff", ENGINE))
-                except LookupError:  # absent while the ledger is not in sync
+                except LookupError:  # the diff is absent while the ledger is not in sync
                     self.absent += 1
                 except Exception:  # noqa: BLE001 - counted and reported; never crash a thread
                     self.errors += 1
@@ -154,48 +155,56 @@ def test_counts_reconcile_with_vllm_after_a_mixed_load(
         engine_stack: EngineStack, first_engine: dict[str, Any],
         record_property: pytest.RecordProperty) -> None:
     spec = LoadSpec(n_requests=120, concurrency=32, seed=3)
-    sampler = DiffSampler(engine_stack.sidecar.url)
-    sampler.start()
+    watcher = LoadWatcher(engine_stack.sidecar.url)
+    watcher.start()
     try:
         result = run_load_sync(engine_stack.vllm.url, spec)
     finally:
-        sampler.stop_event.set()
-        sampler.join(10)
+        watcher.stop_event.set()
+        watcher.join(10)
     assert result.ok == spec.n_requests, result.errors
 
     started = time.monotonic()
     vllm_text, side_text = wait_until_quiet(engine_stack)
-    max_diff = max((abs(d) for d in sampler.diffs), default=None)
-    figures = {
-        "load_s": round(result.elapsed_s, 1), "quiet_after_s": round(time.monotonic() - started, 1),
-        "diff_samples": len(sampler.diffs), "diff_absent": sampler.absent,
-        "diff_errors": sampler.errors, "max_abs_free_blocks_diff_under_load": max_diff,
-        "free_blocks_diffs_under_load": sampler.diffs,
-    }
-
     vllm_preemptions = sample(vllm_text, "vllm:num_preemptions_total", ENGINE)
     by_reason = {r: sample(side_text, "vllm_scheduler_preempted_requests_total",
                            {**ENGINE, "reason": r}) for r in REASONS}
     usage = sample(vllm_text, "vllm:kv_cache_usage_perc", ENGINE)
     vllm_free = round((1.0 - usage) * (engine_stack.num_blocks - 1))
     side_free = sample(side_text, "vllm_scheduler_free_blocks", ENGINE)
-    figures.update(preemptions_vllm=vllm_preemptions, preemptions_kvscope=by_reason,
-                   free_blocks_vllm=vllm_free, free_blocks_kvscope=side_free)
+    figures = {
+        "load_s": round(result.elapsed_s, 1), "quiet_after_s": round(time.monotonic() - started, 1),
+        "preemptions_vllm": vllm_preemptions, "preemptions_kvscope": by_reason,
+        "free_blocks_vllm": vllm_free, "free_blocks_kvscope": side_free,
+        "max_abs_free_blocks_diff_under_load": max((abs(d) for d in watcher.diffs), default=None),
+        "free_blocks_diffs_under_load": watcher.diffs, "diff_absent": watcher.absent,
+        "watch_errors": watcher.errors, "records_received_under_load": watcher.records,
+        "frames": sample(side_text, "kvscope_probe_frames_received_total"),
+        "records": sample(side_text, "kvscope_probe_records_received_total"),
+        "steps": sample(side_text, "vllm_scheduler_steps_total", ENGINE),
+    }
     for name, value in figures.items():
         record_property(name, value)
     print(f"engine reconciliation figures: {figures}")
+
+    # The probe's own health first: with records lost, no count below could agree.
+    assert sample(side_text, "kvscope_probe_records_dropped_total", ENGINE) == 0
+    assert sample(side_text, "kvscope_ledger_gaps_total", ENGINE) == 0
+    assert sample(side_text, "kvscope_probe_faults_total", ENGINE) == 0
+    assert sample(side_text, "kvscope_ledger_synced", ENGINE) == 1
+    assert sample(side_text, "kvscope_ledger_mismatches_total", ENGINE) == 0
+    # Every request kvscope saw arrive (the first_engine one and the load) also ended.
+    arrived = sample(side_text, "vllm_scheduler_requests_arrived_total", ENGINE)
+    ended = sample(side_text, "vllm_scheduler_requests_ended_total",
+                   {**ENGINE, "status": "FINISHED_LENGTH_CAPPED"})
+    assert arrived == ended == 1 + spec.n_requests
 
     assert sum(by_reason.values()) == vllm_preemptions > 0
     assert by_reason["unknown"] == 0 and by_reason["priority"] == 0  # fcfs: all kv_full
     assert abs(side_free - vllm_free) <= 1
     assert sample(side_text, "kvscope_reconciliation_preemptions_diff", ENGINE) == 0
     assert abs(sample(side_text, "kvscope_reconciliation_free_blocks_diff", ENGINE)) <= 1
-    assert sample(side_text, "kvscope_ledger_synced", ENGINE) == 1
-    assert sample(side_text, "kvscope_ledger_mismatches_total", ENGINE) == 0
-    assert sample(side_text, "kvscope_ledger_gaps_total", ENGINE) == 0
-    assert sample(side_text, "kvscope_probe_records_dropped_total", ENGINE) == 0
-    assert sample(side_text, "kvscope_probe_faults_total", ENGINE) == 0
-    assert sampler.diffs, "the free-blocks diff was never exported during the load"
+    assert watcher.diffs, "the free-blocks diff was never exported during the load"
 
 
 def test_vllm_serves_without_a_sidecar_and_the_probe_reconnects(
@@ -213,25 +222,26 @@ def test_vllm_serves_without_a_sidecar_and_the_probe_reconnects(
     assert [o.completion_tokens for o in result.outcomes] == wanted
 
     # 3. A new sidecar on the same endpoint learns the engine from the probe's next keyframe,
-    #    which carries the hello: the probe reconnects by itself.
+    #    which carries the hello: the probe reconnects by itself. Keyframes come with steps,
+    #    so keep a small load going until the engine shows up in sync.
     engine_stack.sidecar.start()
     restarted = time.monotonic()
     deadline = restarted + 15.0
-    summary = engine_summary(engine_stack)
-    seed = 100
-    while summary is None or not summary["synced"]:
+    loads = 0
+    while True:
+        small = LoadSpec(n_requests=8, concurrency=8, seed=100 + loads, short_fraction=1.0,
+                         max_tokens=(16, 32), timeout_s=30.0)
+        assert run_load_sync(engine_stack.vllm.url, small).ok == small.n_requests
+        loads += 1
+        summary = engine_summary(engine_stack)
+        if summary is not None and summary["synced"]:
+            break
         if time.monotonic() > deadline:
             pytest.fail(f"no synced engine 0 15 s after the sidecar restarted: {summary}\n"
                         f"{engine_stack.sidecar.log_tail()}")
-        small = LoadSpec(n_requests=8, concurrency=8, seed=seed, short_fraction=1.0,
-                         max_tokens=(16, 32), timeout_s=30.0)
-        assert run_load_sync(engine_stack.vllm.url, small).ok == small.n_requests
-        seed += 1
-        summary = engine_summary(engine_stack)
     resynced_s = time.monotonic() - restarted
     record_property("resynced_after_restart_s", round(resynced_s, 1))
-    print(f"engine 0 in sync {resynced_s:.1f} s after the sidecar restarted "
-          f"({seed - 100} small loads)")
+    print(f"engine 0 in sync {resynced_s:.1f} s after the sidecar restarted ({loads} small loads)")
     assert summary["session"] == first_engine["session"], "the engine did not restart"
     assert summary["pid"] == first_engine["pid"]
 
@@ -240,5 +250,5 @@ def test_vllm_serves_without_a_sidecar_and_the_probe_reconnects(
     assert sample(side_text, "kvscope_ledger_mismatches_total", ENGINE) == 0
     assert abs(sample(side_text, "kvscope_reconciliation_free_blocks_diff", ENGINE)) <= 1
     assert sample(side_text, "kvscope_probe_faults_total", ENGINE) == 0
-    # Records sent while nobody listened were dropped and counted, never queued in vLLM.
+    # Records the probe could not deliver while nobody listened were dropped and counted.
     assert sample(side_text, "kvscope_probe_records_dropped_total", ENGINE) > 0
