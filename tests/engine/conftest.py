@@ -164,7 +164,8 @@ def engine_stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
     vllm_url = f"http://{HOST}:{vllm_port}"
     sidecar = SidecarProcess(endpoint, free_port(), vllm_url, workdir)
     spec = ServerSpec(tiny_model_dir, vllm_port, num_gpu_blocks=NUM_BLOCKS,
-                      extra_env={"KVSCOPE_PROBE_ENDPOINT": endpoint})
+                      extra_env={"KVSCOPE_PROBE_ENDPOINT": endpoint},
+                      extra_args=("--middleware", "kvscope.client.middleware.KVScopeMiddleware"))
     server = VllmServer(spec, log_path=workdir / "vllm.log")
     with contextlib.ExitStack() as stack:
         stack.enter_context(vllm_machine_lock())  # released last, after both stopped

@@ -1,4 +1,4 @@
-"""A real vLLM server on the CPU with the probe, and a real sidecar: kvscope's counts must
+"""A real vLLM server on the CPU with the probe and the client middleware, and a real sidecar: kvscope's counts must
 reconcile with vLLM's own /metrics, and vLLM must not care whether a sidecar listens.
 
 The tests share one server and run in file order: the reconciliation test needs the
@@ -205,6 +205,46 @@ def test_counts_reconcile_with_vllm_after_a_mixed_load(
     assert sample(side_text, "kvscope_reconciliation_preemptions_diff", ENGINE) == 0
     assert abs(sample(side_text, "kvscope_reconciliation_free_blocks_diff", ENGINE)) <= 1
     assert watcher.diffs, "the free-blocks diff was never exported during the load"
+
+
+def ended_total(text: str) -> float:
+    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+               if s.name == "vllm_scheduler_requests_ended_total")
+
+
+def test_clients_join_their_traces_and_a_resubmission_is_flagged(
+    engine_stack: EngineStack,
+) -> None:
+    """The middleware in vLLM's API server: >= 99% of engine traces carry their client,
+    and the same prompt sent twice by one client within seconds is a duplicate."""
+    metrics = f"{engine_stack.sidecar.url}/metrics"
+    before = get_text(metrics)
+    joined0 = sample(before, "kvscope_client_traces_joined_total")
+    ended0 = ended_total(before)
+    spec = LoadSpec(n_requests=40, concurrency=16, seed=7, headers={"X-Client-Id": "team-a"})
+    assert run_load_sync(engine_stack.vllm.url, spec).ok == spec.n_requests
+    body = {"model": "tiny", "prompt": "w1 w2 w3 w4 w5 w6 w7 w8", "max_tokens": 8,
+            "ignore_eos": True}
+    for _ in range(2):
+        r = httpx.post(f"{engine_stack.vllm.url}/v1/completions", json=body, timeout=60,
+                       headers={"X-Client-Id": "retry-bot"}, trust_env=False)
+        assert r.status_code == 200
+    wait_until_quiet(engine_stack)
+    deadline = time.monotonic() + 20  # traces wait up to 5 s for their client event
+    while True:
+        text = get_text(metrics)
+        ended = ended_total(text) - ended0
+        joined = sample(text, "kvscope_client_traces_joined_total") - joined0
+        requests = sample(text, "kvscope_client_requests_total", {"client": "team-a"})
+        if (joined >= ended >= spec.n_requests + 2 and requests == spec.n_requests) \
+                or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert ended >= spec.n_requests + 2
+    assert joined >= 0.99 * ended, (joined, ended)
+    assert requests == spec.n_requests
+    assert sample(text, "kvscope_client_duplicate_requests_total", {"client": "retry-bot"}) == 1
+    assert sample(text, "kvscope_client_requests_total", {"client": "retry-bot"}) == 2
 
 
 def test_vllm_serves_without_a_sidecar_and_the_probe_reconnects(
