@@ -1,5 +1,6 @@
-"""A real vLLM server on the CPU with the probe and the client middleware, and a real sidecar: kvscope's counts must
-reconcile with vLLM's own /metrics, and vLLM must not care whether a sidecar listens.
+"""A real vLLM server on the CPU with the probe and the client middleware, and a real
+sidecar: kvscope's counts must reconcile with vLLM's own /metrics, clients must join their
+traces, and vLLM must not care whether a sidecar listens.
 
 The tests share one server and run in file order: the reconciliation test needs the
 sidecar that has watched the engine since its first step; the last test stops it.
