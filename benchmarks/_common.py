@@ -10,7 +10,6 @@ import contextlib
 import fcntl
 import math
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvscope.localvllm.server import HOST, free_port
+from kvscope.procs import stop_process
 
 VLLM_LOCK_PATH = Path("/tmp/kvscope-vllm.lock")
 """Held for the whole life of every vLLM server, by these benchmarks and the engine tests."""
@@ -153,17 +153,8 @@ class Sidecar:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM the group, SIGKILL it after ``timeout_s``; reap. Idempotent."""
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if self.proc is not None:
+            stop_process(self.proc, timeout_s, group=True)
 
 
 def sidecar_engine(url: str, engine: str) -> dict[str, Any] | None:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import httpx
 
+from kvscope import procs
 from kvscope.demo_engines import DemoError, Engine, TwinEngine, VllmEngine
 from kvscope.demo_findings import collect, findings, next_steps, settle
 from kvscope.demo_live import LiveView
@@ -75,14 +76,7 @@ def wait_sidecar(proc: subprocess.Popen[bytes], base: str, log: Path,
 
 
 def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
-    if proc.poll() is not None:
-        return
-    os.kill(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+    procs.stop_process(proc, timeout_s)
 
 
 async def drive(workload: Workload, view: LiveView, engine: Engine,

@@ -11,10 +11,10 @@ import httpx
 import numpy as np
 import pytest
 from PIL import Image
-from tests.browser.conftest import ARTIFACTS
 
 from kvscope.sidecar import palette
 from kvscope.sidecar.layout_snapshot import STATE_NAMES
+from tests.browser.conftest import ARTIFACTS
 
 pytestmark = [pytest.mark.twin, pytest.mark.browser]
 
@@ -113,9 +113,9 @@ def test_dump_of_the_busy_twin_validates_and_draws(serve: Any) -> None:
     import json
 
     import jsonschema
-    from tests.unit.test_layout_api import SCHEMA
 
     from kvscope import layout_dump, layout_png
+    from tests.unit.test_layout_api import SCHEMA
 
     srv = serve(None)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)

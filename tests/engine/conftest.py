@@ -21,7 +21,6 @@ import contextlib
 import fcntl
 import importlib.util
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ import pytest
 
 from kvscope.localvllm.server import HOST, ServerSpec, VllmServer, free_port
 from kvscope.localvllm.tinymodel import default_cache_dir, make_tiny_model
+from kvscope.procs import stop_process
 
 VLLM_LOCK_PATH = Path("/tmp/kvscope-vllm.lock")
 LOCK_WAIT_S = 600.0
@@ -117,19 +117,7 @@ class SidecarProcess:
 
     def stop(self, timeout_s: float = 10.0) -> int | None:
         """SIGTERM the group, SIGKILL it after ``timeout_s``; reap. Idempotent."""
-        proc = self.proc
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        return proc.returncode
+        return None if self.proc is None else stop_process(self.proc, timeout_s, group=True)
 
     def log_tail(self, max_lines: int = 30) -> str:
         try:

@@ -11,7 +11,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -24,6 +23,7 @@ from typing import IO, Any
 import httpx
 import yaml
 
+from kvscope.procs import stop_process
 from kvscope.twin import TwinConfig, WorkloadSpec, generate
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,13 +82,7 @@ class Proc:
         return f"--- last lines of {self.name} ({self.log}) ---\n" + "\n".join(text)
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        if self.popen.poll() is None:
-            os.kill(self.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                os.kill(self.pid, signal.SIGKILL)
-                self.popen.wait(timeout_s)
+        stop_process(self.popen, timeout_s)
         if self.popen.stdin is not None:
             self.popen.stdin.close()
         self._out.close()
