@@ -12,7 +12,7 @@ Observed:
   ``reset_prefix_cache`` change whether a free block still holds prefix-cache data;
 - ``KVCacheCoordinator.get_num_blocks_to_allocate``: how many blocks the allocation
   that is about to fail needs; wrapped per instance, only while the pool is low
-  (``arm_need``).
+  (``Recorder.watch_need``).
 """
 
 from __future__ import annotations
@@ -186,33 +186,6 @@ def _pool_hooks(cls: Any) -> None:
 
         cls.reset_prefix_cache = reset_prefix_cache
     cls._kvscope = None
-
-
-def arm_need(rec: Any, on: bool) -> None:
-    """Watch ``KVCacheCoordinator.get_num_blocks_to_allocate`` on this one coordinator,
-    or stop watching it.
-
-    It runs for every scheduled request on every step, so it is wrapped on the instance
-    (an attribute that shadows the class method) and only while the pool is low enough
-    that an allocation could fail; otherwise vLLM calls its own method at full speed.
-    """
-    coord = rec.mgr.coordinator
-    if on == rec.need_armed:
-        return
-    if not on:
-        coord.__dict__.pop("get_num_blocks_to_allocate", None)
-        rec.need_armed = False
-        rec.need = None
-        return
-    o_need = type(coord).get_num_blocks_to_allocate
-
-    def get_num_blocks_to_allocate(*args: Any, **kwargs: Any) -> Any:
-        n = o_need(coord, *args, **kwargs)
-        rec.need = (kwargs["request_id"] if "request_id" in kwargs else args[0], n)
-        return n
-
-    coord.get_num_blocks_to_allocate = get_num_blocks_to_allocate
-    rec.need_armed = True
 
 
 def install(attach: Callable[[Any], Recorder | None]) -> list[str]:

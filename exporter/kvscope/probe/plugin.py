@@ -46,7 +46,7 @@ def bind(sched: Any, rec: Any) -> None:
     """Point the scheduler and its pool at one Recorder."""
     sched._kvscope = rec
     rec.pool._kvscope = rec
-    rec.watch_need()
+    rec.watch_need(rec.pool.get_num_free_blocks())
 
 
 def attach(sched: Any) -> Any:

@@ -58,6 +58,7 @@ class Recorder:
         self.preemptions: list[wire.Preemption] = []
         self.need: tuple[str, int] | None = None  # last (request_id, blocks to allocate)
         self.need_armed = False
+        self.dirty = False  # a contained fault may have left the mirror wrong: rescan
         self.in_schedule = False
         self.last_probe_ns = 0
         self.hello = self._hello(sched)
@@ -128,11 +129,33 @@ class Recorder:
             return
         self.ring.append((seq, item))
 
-    def watch_need(self) -> None:
-        """Arm the blocks-needed hook only while an allocation could fail (hooks.arm_need)."""
-        from kvscope.probe.hooks import arm_need
+    def watch_need(self, free_blocks: int) -> None:
+        """Watch ``KVCacheCoordinator.get_num_blocks_to_allocate`` on this coordinator only
+        while an allocation could fail (``free_blocks <= arm_below``).
 
-        arm_need(self, self.pool.get_num_free_blocks() <= self.arm_below)
+        It runs for every scheduled request on every step, so it is wrapped on the instance
+        (an attribute that shadows the class method) and only while the pool is low;
+        otherwise vLLM calls its own method at full speed.
+        """
+        on = free_blocks <= self.arm_below
+        if on == self.need_armed:
+            return
+        coord = self.mgr.coordinator
+        if not on:
+            coord.__dict__.pop("get_num_blocks_to_allocate", None)
+            self.need_armed = False
+            self.need = None
+            return
+        o_need = type(coord).get_num_blocks_to_allocate
+        rec = self
+
+        def get_num_blocks_to_allocate(*args: Any, **kwargs: Any) -> Any:
+            n = o_need(coord, *args, **kwargs)
+            rec.need = (kwargs["request_id"] if "request_id" in kwargs else args[0], n)
+            return n
+
+        coord.get_num_blocks_to_allocate = get_num_blocks_to_allocate
+        self.need_armed = True
 
     def fault(self, where: str, exc: BaseException, *, rescan: bool = True) -> None:
         """Count a contained error; ``rescan``: the mirror may be wrong (an engine-thread
@@ -147,8 +170,6 @@ class Recorder:
         if self.faults >= MAX_FAULTS and self.enabled:
             self.enabled = False
             log.warning("kvscope probe: %d contained errors, recording switched off", self.faults)
-
-    dirty = False
 
     # -- block pool ---------------------------------------------------------------
     def on_alloc(self, blocks: Any) -> None:
@@ -269,6 +290,7 @@ class Recorder:
         arrivals, self.arrivals = self.arrivals, []
         ends, self.ends = self.ends, []
         pre, self.preemptions = self.preemptions, []
+        free = self.pool.get_num_free_blocks()
         self.push(
             (
                 "step",
@@ -278,7 +300,7 @@ class Recorder:
                 len(sched.running),
                 len(sched.waiting),
                 self.waiting_head(),
-                self.pool.get_num_free_blocks(),
+                free,
                 schedule_ns,
                 self.last_probe_ns,
                 arrivals,
@@ -290,7 +312,7 @@ class Recorder:
         due = t_end >= self.next_keyframe_ns
         if due or (self.want_keyframe and t_end >= self.next_forced_ns):
             self.keyframe(t_end)
-        self.watch_need()
+        self.watch_need(free)
         self.last_probe_ns = _now_ns() - t_end
 
     def keyframe(self, t_now: int) -> None:
