@@ -84,7 +84,7 @@ def test_faults_while_encoding_and_sending_never_reach_the_scheduler(
     real_to_record, real_encode, real_socket = sender.to_record, wire.encode, sender.Sender._socket
 
     def to_record(item: tuple[Any, ...]) -> wire.Record:
-        inj.maybe("to_record", 0.005, RuntimeError("injected in to_record"))
+        inj.maybe("to_record", 0.01, RuntimeError("injected in to_record"))
         return real_to_record(item)
 
     def encode(frame: wire.Frame) -> list[bytes]:
