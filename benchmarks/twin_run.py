@@ -147,7 +147,7 @@ class ProbeWatch:
     what the probe, its sender thread and the sidecar say about the run."""
 
     def __init__(self, args: argparse.Namespace, sched: Any, engine: str) -> None:
-        from kvscope.probe import plugin
+        from kvscope_probe import plugin
 
         self.args, self.sched, self.engine = args, sched, engine
         t0 = _now()
@@ -159,7 +159,7 @@ class ProbeWatch:
         self.sidecar_cpu0 = process_cpu_s(args.sidecar_pid)
 
     def report(self, steps: int) -> dict[str, Any]:
-        from kvscope.probe import plugin
+        from kvscope_probe import plugin
 
         rec = self.sched._kvscope
         deadline = time.monotonic() + 30
@@ -190,9 +190,9 @@ def keyframe_cost(pool: int, requests: list[Any], peak_step: int) -> dict[str, A
     A fresh twin replays the run up to its fullest step with a Recorder bound by hand
     (no sender: its ring is emptied after every step), then keyframes repeatedly.
     """
-    from kvscope.probe import plugin
-    from kvscope.probe.recorder import Recorder
     from kvscope.twin.engine import Twin
+    from kvscope_probe import plugin
+    from kvscope_probe.recorder import Recorder
 
     twin = Twin(twin_config(pool), seed=0)
     sched = twin.scheduler
@@ -225,7 +225,7 @@ def warm_up(args: argparse.Namespace, requests: list[Any]) -> None:
     os.environ["KVSCOPE_ENGINE"] = f"warmup-r{args.round}"
     Twin(twin_config(POOLS[0]), seed=0).run(requests[:200], max_steps=400)
     if args.worker == "on":
-        from kvscope.probe import plugin
+        from kvscope_probe import plugin
 
         time.sleep(0.5)
         plugin.stop_all()
@@ -235,7 +235,7 @@ def run_worker(args: argparse.Namespace) -> None:
     import kvscope.twin.engine  # noqa: F401 - imports vLLM before the timed part
 
     if args.worker == "on":
-        from kvscope.probe import plugin
+        from kvscope_probe import plugin
 
         if not plugin.enable(args.endpoint):
             raise SystemExit("the probe's hooks could not be installed")

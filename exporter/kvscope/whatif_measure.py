@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from kvscope import wire
 from kvscope.twin.config import TwinConfig
 from kvscope.twin.workload import TwinRequest
+from kvscope_probe import wire
 
 StepProgress = Callable[[int, int], None]
 """Called after every step with (steps so far, preemptions so far)."""
@@ -98,13 +98,13 @@ def measure(
     Installs the probe's hooks in this process (``plugin.enable(None)``: schedulers are
     recorded only when bound by hand, as here), like the twin tests do.
     """
-    from kvscope.probe import plugin
-    from kvscope.probe.recorder import Recorder
-    from kvscope.probe.sender import take_batch
     from kvscope.sidecar.hub import Hub
     from kvscope.sidecar.requests import RequestTracker
     from kvscope.sinks.rows import RequestTrace
     from kvscope.twin.engine import Twin
+    from kvscope_probe import plugin
+    from kvscope_probe.recorder import Recorder
+    from kvscope_probe.sender import take_batch
 
     started = time.perf_counter()
     if not plugin.enable(None):

@@ -21,12 +21,12 @@ import uvicorn
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from kvscope import wire
 from kvscope.localvllm.server import free_port
 from kvscope.sidecar.app import create_app
 from kvscope.sidecar.hub import Hub
 from kvscope.sidecar.layout import LayoutSampler
 from kvscope.sidecar.layout_api import layout_router
+from kvscope_probe import wire
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
@@ -48,10 +48,10 @@ class Fed:
 @pytest.fixture(scope="session")
 def fed() -> Fed:
     """Run the twin 300 steps (64 blocks, fcfs) with the probe bound, then stop mid-run."""
-    from kvscope.probe import plugin
-    from kvscope.probe.recorder import Recorder
-    from kvscope.probe.sender import take_batch
     from kvscope.twin import TwinConfig, WorkloadSpec, generate
+    from kvscope_probe import plugin
+    from kvscope_probe.recorder import Recorder
+    from kvscope_probe.sender import take_batch
 
     Twin = pytest.importorskip("kvscope.twin.engine").Twin
     assert plugin.enable(None)

@@ -6,14 +6,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kvscope import wire
-from kvscope.probe import plugin
-from kvscope.probe.recorder import Recorder
-from kvscope.probe.sender import take_batch
 from kvscope.sidecar.hub import Hub
 from kvscope.sidecar.requests import RequestTracker
 from kvscope.twin import TwinConfig, WorkloadSpec, generate
 from kvscope.twin.engine import Twin
+from kvscope_probe import plugin, wire
+from kvscope_probe.recorder import Recorder
+from kvscope_probe.sender import take_batch
 
 BLOCK_SIZE = TwinConfig().block_size
 

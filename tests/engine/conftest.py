@@ -153,7 +153,7 @@ def engine_stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
     sidecar = SidecarProcess(endpoint, free_port(), vllm_url, workdir)
     spec = ServerSpec(tiny_model_dir, vllm_port, num_gpu_blocks=NUM_BLOCKS,
                       extra_env={"KVSCOPE_PROBE_ENDPOINT": endpoint},
-                      extra_args=("--middleware", "kvscope.client.middleware.KVScopeMiddleware"))
+                      extra_args=("--middleware", "kvscope_probe.middleware.KVScopeMiddleware"))
     server = VllmServer(spec, log_path=workdir / "vllm.log")
     with contextlib.ExitStack() as stack:
         stack.enter_context(vllm_machine_lock())  # released last, after both stopped

@@ -25,10 +25,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
-from kvscope import wire
-from kvscope.client.middleware import KVScopeMiddleware
 from kvscope.sidecar.bodylimit import MAX_BODY_BYTES
 from kvscope.sidecar.clients import ClientJoin
+from kvscope_probe import wire
+from kvscope_probe.middleware import KVScopeMiddleware
 from tests.reliability.serveproc import ServeProcess, wait_until
 from tests.reliability.test_fuzz_wire import real_frames
 

@@ -25,12 +25,11 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import generate_latest
 
-from kvscope import wire
 from kvscope.config import ServeConfig
-from kvscope.probe import plugin, sender
-from kvscope.probe.recorder import Recorder
 from kvscope.sidecar.server import Sidecar
 from kvscope.twin import TwinConfig, WorkloadSpec, generate
+from kvscope_probe import plugin, sender, wire
+from kvscope_probe.recorder import Recorder
 
 pytestmark = [pytest.mark.reliability, pytest.mark.twin]
 

@@ -24,9 +24,9 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
-from kvscope.client.middleware import KVScopeMiddleware, _hash, prompt_fingerprint
-from kvscope.probe import plugin
 from kvscope.twin.workload import TOKEN_ID_MAX, TOKEN_ID_MIN, TwinRequest
+from kvscope_probe import plugin
+from kvscope_probe.middleware import KVScopeMiddleware, _hash, prompt_fingerprint
 from tests.reliability.serveproc import ServeProcess, wait_until
 from tests.reliability.stores import read_store
 from tests.reliability.twindrive import TwinDriver

@@ -16,12 +16,11 @@ from typing import Any
 import pytest
 import zmq
 
-from kvscope import wire
-from kvscope.probe import plugin, sender
-from kvscope.probe.recorder import MAX_FAULTS, Recorder
 from kvscope.sidecar.hub import Hub
 from kvscope.sidecar.receiver import Receiver
 from kvscope.twin import TwinConfig, WorkloadSpec, generate
+from kvscope_probe import plugin, sender, wire
+from kvscope_probe.recorder import MAX_FAULTS, Recorder
 
 pytestmark = [pytest.mark.reliability, pytest.mark.twin]
 

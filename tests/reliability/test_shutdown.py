@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kvscope.probe import plugin
+from kvscope_probe import plugin
 from tests.reliability.serveproc import ServeProcess, wait_until
 from tests.reliability.stores import decision_events, read_store, spool_rows
 from tests.reliability.twindrive import TwinDriver

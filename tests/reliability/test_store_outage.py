@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from kvscope.probe import plugin
 from kvscope.sinks.base import SinkManager
 from kvscope.sinks.clickhouse import ClickHouseSink
 from kvscope.sinks.delivery import DeliveryOptions
 from kvscope.sinks.metrics import SinkCollector
 from kvscope.sinks.rows import table_of
+from kvscope_probe import plugin
 from tests.reliability.serveproc import ServeProcess, wait_until
 from tests.reliability.stores import decision_events, read_store, spool_rows
 from tests.reliability.twindrive import TwinDriver

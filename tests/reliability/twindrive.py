@@ -16,10 +16,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from kvscope import wire
-from kvscope.probe import plugin
 from kvscope.twin import TwinConfig, WorkloadSpec, generate
 from kvscope.twin.workload import TwinRequest
+from kvscope_probe import plugin, wire
 
 SUPPLY = WorkloadSpec(n_requests=200, seed=7, max_tokens=(16, 160))
 

@@ -21,11 +21,11 @@ import random
 import sys
 import time
 
-from kvscope import wire
-from kvscope.client._emitter import Emitter
-from kvscope.client.middleware import prompt_fingerprint
 from kvscope.twin import TwinConfig, generate
 from kvscope.twin.workload import TwinRequest
+from kvscope_probe import wire
+from kvscope_probe.emitter import Emitter
+from kvscope_probe.middleware import prompt_fingerprint
 from tests.stack.promstack import PRESSURE, PRESSURE_MAX_STEPS, PRESSURE_STEP_S
 
 CLIENTS = (
@@ -65,8 +65,8 @@ def workload(seed: int = 3) -> tuple[list[TwinRequest], dict[str, wire.ClientSta
 
 def feed(endpoint: str) -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    from kvscope.probe import plugin
     from kvscope.twin.engine import Twin
+    from kvscope_probe import plugin
 
     if not plugin.enable(endpoint):
         raise SystemExit("the kvscope probe could not attach to this vLLM")

@@ -209,8 +209,8 @@ def feed(endpoint: str) -> None:
     import dataclasses
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    from kvscope.probe import plugin
     from kvscope.twin.engine import Twin
+    from kvscope_probe import plugin
 
     if not plugin.enable(endpoint):
         raise SystemExit("the kvscope probe could not attach to this vLLM")

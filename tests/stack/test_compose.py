@@ -63,7 +63,7 @@ def test_profiles_pair_each_engine_with_a_sidecar(services: dict[str, dict[str, 
     assert services["vllm-gpu"]["image"].startswith("kvscope/vllm-openai:v")
     assert "nvidia" in json.dumps(services["vllm-gpu"]["deploy"])
     assert "deploy" not in services["vllm-cpu"], "the cpu profile must not need a GPU"
-    middleware = "kvscope.client.middleware.KVScopeMiddleware"
+    middleware = "kvscope_probe.middleware.KVScopeMiddleware"
     assert f"--middleware={middleware}" in services["vllm-gpu"]["command"]
     assert middleware in (DEPLOY / "vllm-cpu" / "serve.py").read_text()
     for name in ("vllm-gpu", "vllm-cpu"):
@@ -293,4 +293,4 @@ def test_cpu_server_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
 
     assert opt("--host") == "0.0.0.0" and opt("--port") == "8000"
     assert opt("--num-gpu-blocks-override") == "64"
-    assert opt("--middleware") == "kvscope.client.middleware.KVScopeMiddleware"
+    assert opt("--middleware") == "kvscope_probe.middleware.KVScopeMiddleware"

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from kvscope.localvllm.server import free_port
-from kvscope.probe import plugin
 from kvscope.twin import TwinConfig, WorkloadSpec, generate
+from kvscope_probe import plugin
 
 pytestmark = pytest.mark.twin
 

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from kvscope import wire
-from kvscope.probe import plugin
-from kvscope.probe.recorder import Recorder
-from kvscope.probe.sender import take_batch
 from kvscope.sidecar.hub import Hub
 from kvscope.twin import TwinConfig, WorkloadSpec, generate
+from kvscope_probe import plugin, wire
+from kvscope_probe.recorder import Recorder
+from kvscope_probe.sender import take_batch
 
 pytestmark = pytest.mark.twin
 

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from kvscope.probe import plugin
-from kvscope.probe.recorder import MAX_FAULTS, Recorder
 from kvscope.twin import TwinConfig, WorkloadSpec, generate
+from kvscope_probe import plugin
+from kvscope_probe.recorder import MAX_FAULTS, Recorder
 
 pytestmark = pytest.mark.twin
 
@@ -77,7 +77,7 @@ def test_an_incompatible_vllm_disables_the_probe_with_one_log_line(tmp_path: obj
         import logging, os
         logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
         os.environ["KVSCOPE_PROBE_ENDPOINT"] = "ipc://{tmp_path}/p.sock"
-        from kvscope.probe import hooks, plugin
+        from kvscope_probe import hooks, plugin
         hooks.REQUIRED["vllm.v1.core.block_pool:BlockPool"] += ("allocate_contiguous",)
         from vllm.v1.core.sched.scheduler import Scheduler
         original = Scheduler.schedule
@@ -88,13 +88,13 @@ def test_an_incompatible_vllm_disables_the_probe_with_one_log_line(tmp_path: obj
                          timeout=120, env={"VLLM_LOGGING_LEVEL": "ERROR", "PATH": ""})
     assert out.returncode == 0, out.stderr[-2000:]
     assert "UNTOUCHED" in out.stdout
-    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("kvscope.probe")]
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("kvscope_probe")]
     assert len(lines) == 1 and "BlockPool.allocate_contiguous" in lines[0], out.stderr[-2000:]
 
 
 def test_without_the_endpoint_variable_register_does_nothing() -> None:
     code = ("import os; os.environ.pop('KVSCOPE_PROBE_ENDPOINT', None)\n"
-            "from kvscope.probe import plugin; plugin.register()\n"
+            "from kvscope_probe import plugin; plugin.register()\n"
             "import sys; print('vllm' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False"  # not even imported

@@ -8,16 +8,15 @@ from collections import Counter
 
 import pytest
 
-from kvscope import wire
-from kvscope.probe import plugin
-from kvscope.probe.recorder import Recorder
-from kvscope.probe.sender import take_batch
 from kvscope.sidecar.hub import Hub
 from kvscope.sidecar.requests import RequestTracker
 from kvscope.sinks.base import SinkManager
 from kvscope.sinks.decisionlog import DecisionLog
 from kvscope.sinks.rows import RequestEvent, RequestTrace, SchedulerDecision, StepStat
 from kvscope.twin import TwinConfig, WorkloadSpec, generate
+from kvscope_probe import plugin, wire
+from kvscope_probe.recorder import Recorder
+from kvscope_probe.sender import take_batch
 
 pytestmark = pytest.mark.twin
 

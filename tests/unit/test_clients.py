@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from kvscope import wire
 from kvscope.sidecar.clients import ClientJoin, LabelSlots, external_id
 from kvscope.sidecar.hub import Hub
 from kvscope.sidecar.pressure import preempt_rate
 from kvscope.sinks.rows import ClientRequest, RequestTrace
+from kvscope_probe import wire
 from tests.unit.test_hub import feed, keyframe
 from tests.unit.test_wire import hello, step
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kvscope import wire
 from kvscope.sidecar.hub import Hub
+from kvscope_probe import wire
 from tests.unit.test_wire import frame, hello, step
 
 

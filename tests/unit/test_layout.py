@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
-from kvscope import wire
 from kvscope.sidecar.hub import Hub
 from kvscope.sidecar.layout import LayoutSampler, decode_runs, encode_runs, layout_rows
 from kvscope.sidecar.layout_snapshot import fragments
+from kvscope_probe import wire
 from tests.unit.test_hub import feed
 from tests.unit.test_wire import hello, step
 

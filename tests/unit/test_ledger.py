@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvscope import wire
 from kvscope.sidecar.ledger import Ledger
+from kvscope_probe import wire
 from tests.unit.test_wire import hello
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from kvscope import wire
 from kvscope.sidecar.hub import Hub
 from kvscope.sidecar.metrics import KVScopeCollector
 from kvscope.sidecar.vllm_metrics import VllmScraper, parse
+from kvscope_probe import wire
 from tests.unit.test_hub import feed, keyframe
 from tests.unit.test_vllm_metrics import TEXT
 from tests.unit.test_wire import hello, step

@@ -8,10 +8,10 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
-from kvscope import wire
-from kvscope.client.middleware import KVScopeMiddleware
 from kvscope.sidecar.hub import Hub
 from kvscope.sidecar.receiver import Receiver
+from kvscope_probe import wire
+from kvscope_probe.middleware import KVScopeMiddleware
 
 SECRET_PROMPT = "canary-7f3e the quick brown fox"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvscope.reasons import classify
+from kvscope_probe.reasons import classify
 
 
 def c(**kw: object) -> str:

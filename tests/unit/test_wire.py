@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvscope import wire
+from kvscope_probe import wire
 
 
 def hello(**kw: object) -> wire.Hello:

@@ -1,7 +1,7 @@
-"""kvscope's client side: an SDK with backpressure and a circuit breaker, and (in
-:mod:`kvscope.client.middleware`) an ASGI middleware for vLLM's API server.
+"""kvscope's client side: an SDK with backpressure and a circuit breaker.
 
-Importing this package does not import the middleware (which needs pyzmq).
+The ASGI middleware for vLLM's API server runs inside vLLM, so it ships with the probe:
+:mod:`kvscope_probe.middleware`.
 """
 
 from kvscope.client.breaker import BreakerSnapshot, CircuitBreaker, State

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kvscope import wire
 from kvscope.sinks.rows import ClientRequest, RequestTrace
+from kvscope_probe import wire
 
 _ENGINE_ID = re.compile(r"^(?:chat)?cmpl-(kvs[0-9a-f]{32})(?:[-_]\d+)?-[0-9a-zA-Z]{8}$")
 MAX_PENDING = 100_000

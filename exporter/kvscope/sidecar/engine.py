@@ -11,8 +11,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvscope import wire
 from kvscope.sidecar.ledger import Ledger
+from kvscope_probe import wire
 
 MAXRUN_SAMPLE_S = 0.1  # how often max-contiguous is sampled between scrapes
 

@@ -13,8 +13,8 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from kvscope import wire
 from kvscope.sidecar.engine import EngineState, Listener
+from kvscope_probe import wire
 
 log = logging.getLogger("kvscope.sidecar")
 

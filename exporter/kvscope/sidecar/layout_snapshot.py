@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from kvscope import wire
 from kvscope.sidecar.engine import EngineState
+from kvscope_probe import wire
 
 STATE_NAMES = ("free", "cached", "allocated", "null")
 """Index = ``wire.STATE_*``."""

@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from kvscope import wire
 from kvscope.sidecar.layout_snapshot import Owner, Snapshot, encode_runs
 from kvscope.sinks.rows import LayoutSnapshotRow
+from kvscope_probe import wire
 
 COLUMNS = ("ts, model, engine, session, step, num_blocks, free_blocks, cached_blocks, "
            "used_blocks, max_contiguous_free, budget_utilization, running, waiting, "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvscope import wire
+from kvscope_probe import wire
 
 _FREE_MAX = wire.STATE_CACHED  # states <= this are free (cached ones are evictable)
 

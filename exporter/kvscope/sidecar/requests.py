@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvscope import wire
 from kvscope.sidecar.engine import EngineState, PreemptionSeen
 from kvscope.sinks.rows import RequestEvent, RequestTrace, SchedulerDecision, StepStat
+from kvscope_probe import wire
 
 Emit = Callable[[Any], None]
 MAX_LIVE_REQUESTS = 100_000

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kvscope.probe.recorder import Recorder
+from kvscope_probe.recorder import Recorder
 
 _now_ns = time.perf_counter_ns
 

@@ -4,7 +4,7 @@ Enable it with vLLM's own option and the probe's endpoint::
 
     KVSCOPE_PROBE_ENDPOINT=ipc:///run/kvscope/probe.sock \\
     python -m vllm.entrypoints.openai.api_server ... \\
-        --middleware kvscope.client.middleware.KVScopeMiddleware
+        --middleware kvscope_probe.middleware.KVScopeMiddleware
 
 For ``POST /v1/completions`` and ``/v1/chat/completions`` it reads the User-Agent, a
 client-id header (``KVSCOPE_CLIENT_ID_HEADER``, default ``x-client-id``) and a hash of the
@@ -25,8 +25,8 @@ import time
 import uuid
 from typing import Any
 
-from kvscope import wire
-from kvscope.client._emitter import Emitter
+from kvscope_probe import wire
+from kvscope_probe.emitter import Emitter
 
 log = logging.getLogger("kvscope.middleware")
 

@@ -87,7 +87,7 @@ class Preemption(msgspec.Struct, array_like=True, frozen=True):
     """Blocks that allocation needed."""
     policy: str
     reason: str
-    """One of REASONS, derived from the facts above (kvscope.reasons)."""
+    """One of REASONS, derived from the facts above (kvscope_probe.reasons)."""
     ts: float
 
 

@@ -20,7 +20,7 @@ import os
 import threading
 from typing import Any
 
-log = logging.getLogger("kvscope.probe")
+log = logging.getLogger("kvscope_probe")
 
 ENV_ENDPOINT = "KVSCOPE_PROBE_ENDPOINT"
 _lock = threading.Lock()
@@ -51,8 +51,8 @@ def bind(sched: Any, rec: Any) -> None:
 
 def attach(sched: Any) -> Any:
     """Create the Recorder and Sender for one Scheduler; None when that fails."""
-    from kvscope.probe.recorder import Recorder
-    from kvscope.probe.sender import Sender
+    from kvscope_probe.recorder import Recorder
+    from kvscope_probe.sender import Sender
 
     with _lock:
         if sched.__dict__.get("_kvscope") is not None:
@@ -107,7 +107,7 @@ def enable(endpoint: str | None) -> bool:
     global _endpoint
     _endpoint = endpoint
     try:
-        from kvscope.probe import hooks
+        from kvscope_probe import hooks
 
         missing = hooks.missing_members()
         if missing:

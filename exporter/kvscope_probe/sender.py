@@ -13,10 +13,10 @@ import threading
 import time
 from typing import Any
 
-from kvscope import wire
-from kvscope.probe.recorder import Recorder
+from kvscope_probe import wire
+from kvscope_probe.recorder import Recorder
 
-log = logging.getLogger("kvscope.probe")
+log = logging.getLogger("kvscope_probe")
 
 MAX_BATCH = 128
 SEND_WAIT_MS = 200

@@ -14,10 +14,10 @@ import uuid
 from collections import deque
 from typing import Any
 
-from kvscope import wire
-from kvscope.reasons import classify
+from kvscope_probe import wire
+from kvscope_probe.reasons import classify
 
-log = logging.getLogger("kvscope.probe")
+log = logging.getLogger("kvscope_probe")
 
 _now_ns = time.perf_counter_ns
 _wall = time.time

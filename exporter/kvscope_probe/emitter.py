@@ -14,7 +14,7 @@ import uuid
 from collections import deque
 from typing import Any
 
-from kvscope import wire
+from kvscope_probe import wire
 
 log = logging.getLogger("kvscope.middleware")
 
