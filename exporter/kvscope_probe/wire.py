@@ -207,7 +207,19 @@ class ClientEnd(msgspec.Struct, tag="client_end", array_like=True, frozen=True):
     duration_s: float
 
 
-Record = Union[Hello, Step, Keyframe, ClientStart, ClientEnd]  # noqa: UP007 - msgspec, 3.10
+class Heartbeat(msgspec.Struct, tag="heartbeat", array_like=True, frozen=True):
+    """Liveness, sent by the probe's sender thread (never the engine thread) while no
+    other record has been sent for a while: an idle engine stays "connected".
+
+    Heartbeats stand outside the record sequence: a frame that holds only heartbeats
+    does not advance ``first_seq`` (its ``first_seq`` is the next record's number)."""
+
+    ts: float
+    since_step_s: float
+    """Seconds since the engine's last ``schedule()`` call; -1 before the first."""
+
+
+Record = Union[Hello, Step, Keyframe, Heartbeat, ClientStart, ClientEnd]  # noqa: UP007 - msgspec, 3.10
 
 
 CLIENT_ENGINE_PREFIX = "api:"
