@@ -50,6 +50,8 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                    help=f"seconds between layout samples [{ENV['layout_interval_s']}]")
     p.add_argument("--tls-cert", help=f"PEM certificate: serve HTTPS [{ENV['tls_cert']}]")
     p.add_argument("--tls-key", help=f"PEM private key of --tls-cert [{ENV['tls_key']}]")
+    p.add_argument("--hash-key-file",
+                   help=f"secret keying prompt and API-key hashes [{ENV['hash_key_file']}]")
     p.add_argument("--decision-log-max-bytes", type=int,
                    help=f"rotate the decision log file at this size "
                         f"[{ENV['decision_log_max_bytes']}]")

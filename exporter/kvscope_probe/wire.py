@@ -181,21 +181,30 @@ class Keyframe(msgspec.Struct, tag="keyframe", array_like=True, frozen=True):
 class ClientStart(msgspec.Struct, tag="client_start", array_like=True, frozen=True):
     """An API request seen by kvscope's middleware in vLLM's API server, before vLLM.
 
-    Identity and a hash of the prompt only: never prompt text, never the API key."""
+    Identity and digests only: never prompt text, never the API key. The digests are
+    unkeyed; the sidecar keys them with its secret before it stores, compares or labels
+    anything, so they exist only in the API server's memory and on this socket."""
 
     request_id: str
-    """The X-Request-Id the middleware made vLLM use (engine IDs embed it)."""
+    """The request's ID as vLLM uses it (engine IDs embed it): the caller's X-Request-Id,
+    else the body's ``request_id``, else one the middleware set (``kvs<32 hex>``); one
+    longer than 128 characters travels as ``sha256:<hex>`` of itself."""
     ts: float
     endpoint: str
     """completions or chat."""
     model: str
     client_id: str
     user_agent: str
-    api_key_hash: str
-    prompt_hash: str
+    api_key_sha256: str
+    """SHA-256 (hex) of the bearer API key, "" without one."""
+    prompt_sha256: str
+    """SHA-256 (hex) of the canonical prompt or messages."""
     prompt_chars: int
     max_tokens: int
     """-1 when the request did not say."""
+    call_id: str = ""
+    """Unique per HTTP call, shared by its ClientEnd (a caller may reuse a request ID);
+    "" from a middleware that predates it: pair on request_id."""
 
 
 class ClientEnd(msgspec.Struct, tag="client_end", array_like=True, frozen=True):
@@ -205,6 +214,8 @@ class ClientEnd(msgspec.Struct, tag="client_end", array_like=True, frozen=True):
     ts: float
     status: int
     duration_s: float
+    call_id: str = ""
+    """The call_id of its ClientStart."""
 
 
 class Heartbeat(msgspec.Struct, tag="heartbeat", array_like=True, frozen=True):

@@ -27,6 +27,7 @@ from schemathesis import GenerationMode
 
 from kvscope.sidecar.bodylimit import MAX_BODY_BYTES
 from kvscope.sidecar.clients import ClientJoin
+from kvscope.sidecar.hashkey import Keyer
 from kvscope_probe import wire
 from kvscope_probe.middleware import KVScopeMiddleware
 from tests.reliability.serveproc import ServeProcess, wait_until
@@ -254,7 +255,7 @@ def test_hostile_client_headers_cannot_raise_metric_cardinality(
     side, _ = served
     app = stand_in()
     app.add_middleware(KVScopeMiddleware, endpoint=side.endpoint)
-    join = ClientJoin(lambda _row: None)
+    join = ClientJoin(lambda _row: None, keyer=Keyer(b"caps-only-test-secret"))
     caps = {"client": join.stats.clients.limit, "user_agent": join.stats.agents.limit}
     n = 600
     with TestClient(app) as client:

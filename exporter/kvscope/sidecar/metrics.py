@@ -13,7 +13,7 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from kvscope.sidecar.clients import ClientStats
+from kvscope.sidecar.client_stats import ClientStats
 from kvscope.sidecar.engine import EngineState
 from kvscope.sidecar.gpu import GpuReader
 from kvscope.sidecar.hub import Hub
@@ -35,7 +35,8 @@ DOCS = {
     ),
     "kvscope_client_traces_joined": "Request traces joined to a client event.",
     "kvscope_client_traces_unjoined": (
-        "Middleware-tagged traces written without client fields (event never arrived)."
+        "Completion and chat traces written without client fields: no client event "
+        "arrived, or concurrent calls shared the request ID."
     ),
     "kvscope_engine_info": ("Static facts about an engine the probe reports."),
     "vllm_scheduler_steps": ("Scheduler steps (schedule() calls)."),

@@ -134,7 +134,8 @@ class ClientRequest:
     ts: float
     """When the HTTP answer was sent (API-server clock)."""
     request_id: str
-    """The X-Request-Id the middleware gave vLLM."""
+    """The request's ID as vLLM used it (the caller's X-Request-Id or body request_id, else
+    the middleware's); ``sha256:<hex>`` of it when longer than 128 characters."""
     engine_request_ids: str
     """Engine request IDs joined to it, comma-separated ("" if none joined yet)."""
     model: str
