@@ -12,7 +12,13 @@ Observed:
   ``reset_prefix_cache`` change whether a free block still holds prefix-cache data;
 - ``KVCacheCoordinator.get_num_blocks_to_allocate``: how many blocks the allocation
   that is about to fail needs; wrapped per instance, only while the pool is low
-  (``Recorder.watch_need``).
+  (``Recorder.watch_need``);
+- ``SingleTypeKVCacheManager._remove_blocks_in_range`` (and its overrides): a sliding
+  window (or a Mamba group) replacing a request's blocks by the null block; it only sets
+  which table the ``free_blocks`` call inside it concerns. Full attention never calls it.
+
+Time spent in kvscope's own code inside the wrappers is added to ``Recorder.wrap_ns``
+and reported with the next step.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ OPTIONAL = {
     "vllm.v1.core.sched.scheduler:Scheduler": ("add_request", "_free_request"),
     "vllm.v1.core.block_pool:BlockPool": ("evict_blocks", "reset_prefix_cache"),
     "vllm.v1.core.kv_cache_coordinator:KVCacheCoordinator": ("get_num_blocks_to_allocate",),
+    "vllm.v1.core.single_type_kv_cache_manager:SingleTypeKVCacheManager": (
+        "_remove_blocks_in_range",),
 }
 
 
@@ -68,10 +76,12 @@ def _before(orig: Callable[..., Any], handler: str) -> Callable[..., Any]:
     def wrapper(self: Any, arg: Any, *args: Any, **kwargs: Any) -> Any:
         rec = self._kvscope
         if rec is not None and rec.enabled:
+            t = _now_ns()
             try:
                 getattr(rec, handler)(arg)
             except Exception as exc:  # noqa: BLE001
                 rec.fault(orig.__name__, exc)
+            rec.wrap_ns += _now_ns() - t
         return orig(self, arg, *args, **kwargs)
 
     return wrapper
@@ -85,13 +95,17 @@ def _after(orig: Callable[..., Any], handler: str, *, result: bool) -> Callable[
         rec = self._kvscope
         if rec is None or not rec.enabled:
             return orig(self, arg, *args, **kwargs)
+        t = _now_ns()
         if not result:
             arg = list(arg)
+        t1 = _now_ns()
         ret = orig(self, arg, *args, **kwargs)
+        t2 = _now_ns()
         try:
             getattr(rec, handler)(ret if result else arg)
         except Exception as exc:  # noqa: BLE001
             rec.fault(orig.__name__, exc)
+        rec.wrap_ns += _now_ns() - t2 + t1 - t
         return ret
 
     return wrapper
@@ -152,17 +166,21 @@ def _pool_hooks(cls: Any) -> None:
         rec = self._kvscope
         if rec is None or not rec.enabled:
             return o_touch(self, blocks)
+        t = _now_ns()
         try:  # blocks leaving the free queue: ref_cnt 0 before the touch
             taken = [b for b in blocks if b.ref_cnt == 0 and not b.is_null]
         except Exception as exc:  # noqa: BLE001
             rec.fault("touch", exc)
             taken = []
+        t1 = _now_ns()
         ret = o_touch(self, blocks)
+        t2 = _now_ns()
         if taken:
             try:
                 rec.on_alloc(taken)
             except Exception as exc:  # noqa: BLE001
                 rec.fault("touch", exc)
+        rec.wrap_ns += _now_ns() - t2 + t1 - t
         return ret
 
     cls.touch = touch
@@ -188,6 +206,36 @@ def _pool_hooks(cls: Any) -> None:
     cls._kvscope = None
 
 
+def _nulling(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark the table whose blocks ``orig`` replaces by the null block and frees."""
+
+    def _remove_blocks_in_range(self: Any, request_id: Any, *args: Any, **kwargs: Any) -> Any:
+        rec = self.block_pool._kvscope
+        if rec is None or not rec.enabled:
+            return orig(self, request_id, *args, **kwargs)
+        outer = rec.null_ctx
+        rec.null_ctx = (request_id, self.kv_cache_group_id)
+        try:
+            return orig(self, request_id, *args, **kwargs)
+        finally:
+            rec.null_ctx = outer
+
+    return _remove_blocks_in_range
+
+
+def _manager_hooks(base: Any) -> None:
+    """Wrap ``_remove_blocks_in_range`` on the base manager and every override of it."""
+    todo, seen = [base], set()
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        todo += cls.__subclasses__()
+        if callable(cls.__dict__.get("_remove_blocks_in_range")):
+            cls._remove_blocks_in_range = _nulling(cls.__dict__["_remove_blocks_in_range"])
+
+
 def install(attach: Callable[[Any], Recorder | None]) -> list[str]:
     """Patch vLLM's classes once; return the optional hooks that were not found."""
     sched_cls = _resolve("vllm.v1.core.sched.scheduler:Scheduler")
@@ -202,6 +250,9 @@ def install(attach: Callable[[Any], Recorder | None]) -> list[str]:
             continue
         absent += [f"{path}.{n}" for n in names if not callable(getattr(cls, n, None))]
     _pool_hooks(_resolve("vllm.v1.core.block_pool:BlockPool"))
+    managers = "vllm.v1.core.single_type_kv_cache_manager:SingleTypeKVCacheManager"
+    if not any(a.startswith(managers) for a in absent):
+        _manager_hooks(_resolve(managers))
     _scheduler_hooks(sched_cls, attach)
     sched_cls._kvscope_installed = True
     return absent

@@ -5,10 +5,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from kvscope import query, schema, wire
+from kvscope import query, schema
 from kvscope.sidecar.clients import ClientJoin
 from kvscope.sinks import arrowrows
 from kvscope.sinks.rows import ClientRequest
+from kvscope_probe import wire
 from tests.unit.test_clients import start, trace
 
 

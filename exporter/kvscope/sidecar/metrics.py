@@ -99,7 +99,10 @@ DOCS = {
         "Records the probe dropped instead of blocking vLLM (as it reports them)."
     ),
     "kvscope_probe_faults": ("Errors the probe contained inside vLLM."),
-    "kvscope_probe_overhead_seconds": ("Engine-thread time the probe spent building step records."),
+    "kvscope_probe_overhead_seconds": (
+        "Time the probe spent in the engine process, by thread: on the engine thread its "
+        "step records and wrappers (wall time), on its sender thread (CPU time)."
+    ),
     "kvscope_engine_schedule_seconds": ("Time vLLM spent in schedule()."),
     "kvscope_ledger_gaps": ("Gaps in the probe's record sequence."),
     "kvscope_ledger_mismatches": ("Self-checks (keyframes, free counts) the ledger failed."),
@@ -266,7 +269,9 @@ class KVScopeCollector:
         c = st.counters
         f.c("kvscope_probe_records_dropped").add_metric(lv, st.probe_dropped)
         f.c("kvscope_probe_faults").add_metric(lv, st.probe_faults)
-        f.c("kvscope_probe_overhead_seconds").add_metric(lv, c.probe_seconds)
+        over = f.c("kvscope_probe_overhead_seconds", [*EL, "thread"])
+        over.add_metric([*lv, "engine"], c.probe_seconds)
+        over.add_metric([*lv, "sender"], st.sender_cpu_ns / 1e9)
         f.c("kvscope_engine_schedule_seconds").add_metric(lv, c.schedule_seconds)
         f.c("kvscope_ledger_gaps").add_metric(lv, c.gaps)
         f.c("kvscope_ledger_mismatches").add_metric(lv, c.ledger_mismatches)
