@@ -58,7 +58,7 @@ def fed() -> Fed:
     twin = Twin(TwinConfig(num_blocks=64), seed=1)
     rec = Recorder(twin.scheduler, ring_size=1 << 20, keyframe_interval_s=3600)
     plugin.bind(twin.scheduler, rec)
-    rec.push(("hello", rec.hello))
+    rec.push(rec.hello)
     hub = Hub()
     sampler = LayoutSampler(hub)
     t0 = time.time() - TWIN_STEPS / SAMPLE_EVERY - 1

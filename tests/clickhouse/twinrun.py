@@ -23,7 +23,7 @@ def run_twin(emit: Callable[[Any], None], n_requests: int = 80, seed: int = 5,
     twin = Twin(TwinConfig(num_blocks=48), seed=seed)
     rec = Recorder(twin.scheduler, ring_size=1 << 20, keyframe_interval_s=3600)
     plugin.bind(twin.scheduler, rec)
-    rec.push(("hello", rec.hello))
+    rec.push(rec.hello)
     hub = Hub()
     tracker = RequestTracker(emit)
     hub.listeners.append(tracker.on_event)

@@ -28,7 +28,7 @@ def run_tracked(n_requests: int = 80, seed: int = 5) -> tuple[list[object], Hub,
     twin = Twin(TwinConfig(num_blocks=48), seed=seed)
     rec = Recorder(twin.scheduler, ring_size=1 << 20, keyframe_interval_s=3600)
     plugin.bind(twin.scheduler, rec)
-    rec.push(("hello", rec.hello))
+    rec.push(rec.hello)
     hub = Hub()
     rows: list[object] = []
     log = io.StringIO()

@@ -141,6 +141,15 @@ class Ledger:
                 waste[g] += max(0, len(ids) * bs - n)
         return waste
 
+    def blocks_by_group(self) -> list[int]:
+        """Per KV group: blocks held in running requests' tables (null placeholders and
+        blocks shared by several tables counted once per table)."""
+        held = [0] * len(self.group_block_sizes)
+        for groups in self.tables.values():
+            for g, ids in enumerate(groups[:len(held)]):
+                held[g] += len(ids) - ids.count(0)
+        return held
+
     # -- request tables -----------------------------------------------------------------
     def drop_request(self, req_id: str) -> None:
         self.tables.pop(req_id, None)

@@ -83,6 +83,14 @@ DOCS = {
     "vllm_scheduler_tail_waste_tokens": (
         "Token slots reserved but unfilled in the blocks of running requests."
     ),
+    "vllm_scheduler_kv_group_tail_waste_tokens": (
+        "Tail waste per KV cache group (hybrid models have one group per attention kind). "
+        "A block a sliding window released held a full block: it is not waste."
+    ),
+    "vllm_scheduler_kv_group_request_blocks": (
+        "Blocks in running requests' tables per KV cache group, null placeholders "
+        "excluded; a block shared by two tables counts twice."
+    ),
     "vllm_scheduler_kv_block_usage_ratio": (
         "Used blocks / usable blocks (vLLM's kv_cache_usage_perc)."
     ),
@@ -248,8 +256,15 @@ class KVScopeCollector:
         for le in RUN_BUCKETS:
             rb.add_metric(lv + [str(le)], int((runs <= le).sum()))
         rb.add_metric(lv + ["+Inf"], int(runs.size))
-        waste = led.tail_waste_tokens()
+        by_group = led.tail_waste_by_group()
+        waste = sum(by_group)
         f.g("vllm_scheduler_tail_waste_tokens").add_metric(lv, waste)
+        gw = f.g("vllm_scheduler_kv_group_tail_waste_tokens", EL + ["kv_group", "kind"])
+        gb = f.g("vllm_scheduler_kv_group_request_blocks", EL + ["kv_group", "kind"])
+        for g, (group, w, n) in enumerate(zip(st.hello.kv_groups, by_group,
+                                              led.blocks_by_group(), strict=False)):
+            gw.add_metric(lv + [str(g), group.kind], w)
+            gb.add_metric(lv + [str(g), group.kind], n)
         usable = led.usable_blocks or 1
         f.g("vllm_scheduler_kv_block_usage_ratio").add_metric(lv, led.used / usable)
         slots = led.used * bs
