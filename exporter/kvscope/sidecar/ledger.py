@@ -126,29 +126,35 @@ class Ledger:
 
     def tail_waste_tokens(self) -> int:
         """Reserved but unfilled token slots in running requests' blocks, all groups."""
-        return sum(self.tail_waste_by_group())
+        return sum(self.group_figures()[0])
 
     def tail_waste_by_group(self) -> list[int]:
-        """Per KV group: slots reserved in its blocks beyond the tokens they hold. A block
-        a sliding window released (now the null block) held a full block of tokens that
-        left the window: it is no waste, and the formula counts it as full."""
-        waste = [0] * len(self.group_block_sizes)
-        sizes = self.group_block_sizes
-        tokens = self.tokens
-        for rid, groups in self.tables.items():
-            n = tokens.get(rid, 0)
-            for g, (bs, ids) in enumerate(zip(sizes, groups, strict=False)):
-                waste[g] += max(0, len(ids) * bs - n)
-        return waste
+        return self.group_figures()[0]
 
     def blocks_by_group(self) -> list[int]:
-        """Per KV group: blocks held in running requests' tables (null placeholders and
-        blocks shared by several tables counted once per table)."""
-        held = [0] * len(self.group_block_sizes)
-        for groups in self.tables.values():
-            for g, ids in enumerate(groups[:len(held)]):
-                held[g] += len(ids) - ids.count(0)
-        return held
+        return self.group_figures()[1]
+
+    def group_figures(self) -> tuple[list[int], list[int]]:
+        """Per KV group, in one pass over the running requests' tables:
+
+        - tail waste: slots reserved in the group's blocks beyond the tokens they hold. A
+          block a sliding window released (now the null block) held a full block of
+          tokens that left the window: it is no waste, and the formula counts it as full;
+        - blocks held: table entries that are not the null block (a block shared by two
+          tables counts in each).
+        """
+        sizes = self.group_block_sizes
+        waste = [0] * len(sizes)
+        held = [0] * len(sizes)
+        computed, sched = self.computed, self.scheduled
+        for rid, groups in self.tables.items():
+            n = computed.get(rid, 0) + sched.get(rid, 0)
+            for g, ids in enumerate(groups[:len(sizes)]):
+                k = len(ids)
+                if k * sizes[g] > n:
+                    waste[g] += k * sizes[g] - n
+                held[g] += k - ids.count(0)
+        return waste, held
 
     # -- request tables -----------------------------------------------------------------
     def drop_request(self, req_id: str) -> None:

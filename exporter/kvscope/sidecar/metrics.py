@@ -256,13 +256,13 @@ class KVScopeCollector:
         for le in RUN_BUCKETS:
             rb.add_metric(lv + [str(le)], int((runs <= le).sum()))
         rb.add_metric(lv + ["+Inf"], int(runs.size))
-        by_group = led.tail_waste_by_group()
+        by_group, held = led.group_figures()
         waste = sum(by_group)
         f.g("vllm_scheduler_tail_waste_tokens").add_metric(lv, waste)
         gw = f.g("vllm_scheduler_kv_group_tail_waste_tokens", EL + ["kv_group", "kind"])
         gb = f.g("vllm_scheduler_kv_group_request_blocks", EL + ["kv_group", "kind"])
         for g, (group, w, n) in enumerate(zip(st.hello.kv_groups, by_group,
-                                              led.blocks_by_group(), strict=False)):
+                                              held, strict=False)):
             gw.add_metric(lv + [str(g), group.kind], w)
             gb.add_metric(lv + [str(g), group.kind], n)
         usable = led.usable_blocks or 1
