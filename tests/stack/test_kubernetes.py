@@ -37,10 +37,10 @@ from tests.stack.kubespec import (
     validate,
 )
 from tests.stack.promstack import REPO, binary
-from tests.stack.test_rules import ALERT_TESTS
 
 IMAGES = {"kvscope/sidecar": "deploy/kvscope/Dockerfile",
           "kvscope/probe-installer": "deploy/probe-installer/Dockerfile"}
+ALERT_TESTS = sorted((REPO / "alerts" / "tests").glob("*.yml"))
 SECRET = re.compile(r"(TOKEN|DSN|PASSWORD|SECRET|LOKI_URL)$", re.IGNORECASE)
 
 
