@@ -5,7 +5,8 @@ every exception of its own: the probe never raises into vLLM. A class attribute
 ``_kvscope = None`` makes the "not recording" path a plain attribute read.
 
 Observed:
-- ``Scheduler.schedule`` (per-step record), ``_preempt_request`` (facts before the
+- ``Scheduler.__init__`` (attach at once), ``schedule`` (per-step record),
+  ``_preempt_request`` (facts before the
   blocks are freed), ``add_request`` (arrival), ``_free_request`` (finish / abort);
 - ``BlockPool.get_new_blocks``, ``touch``, ``free_blocks``, ``unpin_blocks``: the only
   four methods that move a block between free and used; ``evict_blocks`` and
@@ -112,6 +113,19 @@ def _after(orig: Callable[..., Any], handler: str, *, result: bool) -> Callable[
 
 def _scheduler_hooks(cls: Any, attach: Callable[[Any], Recorder | None]) -> None:
     o_schedule = cls.schedule
+    o_init = cls.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        o_init(self, *args, **kwargs)
+        # Attach as soon as the engine has a scheduler, not at its first step: an engine
+        # that has served nothing yet says hello and sends heartbeats, so the sidecar
+        # (and a pod's readiness) sees it before any traffic.
+        try:
+            attach(self)
+        except Exception:  # noqa: BLE001 - attach contains its own errors; never raise here
+            pass
+
+    cls.__init__ = __init__
 
     def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
         rec = self._kvscope
