@@ -26,5 +26,10 @@ if [[ "$extras" == *dev* ]]; then
   npm ci --silent --no-audit --no-fund --prefix tools/logql
   # The Compose specification's JSON schema, to validate docker-compose.yml.
   npm ci --silent --no-audit --no-fund --prefix tools/compose-spec
+  # checkov, the security scan of deploy/kubernetes, in its own venv: its pins would
+  # downgrade packages vLLM needs (tools/checkov/requirements.txt says which).
+  [[ -x tools/checkov/.venv/bin/python ]] || "${PYTHON:-python3}" -m venv tools/checkov/.venv
+  tools/checkov/.venv/bin/python -m pip install --quiet --disable-pip-version-check \
+    -r tools/checkov/requirements.txt
 fi
 .venv/bin/python -c "import kvscope, kvscope_probe, vllm; print('kvscope', kvscope.__version__, '/ probe', kvscope_probe.__version__, '/ vLLM', vllm.__version__)"

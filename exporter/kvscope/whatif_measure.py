@@ -113,7 +113,7 @@ def measure(
     # A ring that never fills and one keyframe: every later step is exact op replay.
     rec = Recorder(twin.scheduler, ring_size=1 << 20, keyframe_interval_s=1e9)
     plugin.bind(twin.scheduler, rec)
-    rec.push(("hello", rec.hello))
+    rec.push(rec.hello)
     hub = Hub()
     blocks_held: list[int] = []
 

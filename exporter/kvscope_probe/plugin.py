@@ -66,7 +66,7 @@ def attach(sched: Any) -> Any:
                 ring_size=_int_env("KVSCOPE_PROBE_RING", 8192),
                 keyframe_interval_s=_float_env("KVSCOPE_PROBE_KEYFRAME_S", 5.0),
             )
-            rec.push(("hello", rec.hello))
+            rec.push(rec.hello)
             sender = Sender(
                 rec,
                 str(_endpoint),

@@ -15,8 +15,8 @@ from typing import Union
 
 import msgspec
 
-WIRE_VERSION = 1
-VERSION_TAG = b"kvscope/1"
+WIRE_VERSION = 2
+VERSION_TAG = b"kvscope/2"
 
 # Block operation kinds (first element of an op tuple).
 OP_ALLOC = 0  # free -> used (get_new_blocks, touch of a free block)
@@ -116,34 +116,50 @@ class End(msgspec.Struct, array_like=True, frozen=True):
 
 
 class NewReq(msgspec.Struct, array_like=True, frozen=True):
-    """A request scheduled for the first time in this step."""
+    """A request scheduled for the first time in this step (few per step)."""
 
     req_id: str
     block_ids: list[list[int]]
-    """Its whole block table, one list per KV group."""
+    """Its whole block table, one list per KV group (null placeholders are block 0)."""
     computed_tokens: int
     """Tokens already computed before this step (prefix-cache hits)."""
 
 
-class CachedReq(msgspec.Struct, array_like=True, frozen=True):
-    """A request scheduled again (running on, or resumed after preemption)."""
+class Nulled(msgspec.Struct, array_like=True, frozen=True):
+    """Blocks a KV group replaced by the null block in one request's table and released
+    (a sliding window moving on: ``_remove_blocks_in_range``)."""
 
     req_id: str
-    new_block_ids: list[list[int]] | None
-    """Blocks added this step per group; the whole table when resumed."""
-    computed_tokens: int
-    resumed: bool
+    group: int
+    block_ids: list[int]
 
 
 class Step(msgspec.Struct, tag="step", array_like=True, frozen=True):
-    """One ``Scheduler.schedule()`` call and what happened since the previous one."""
+    """One ``Scheduler.schedule()`` call and what happened since the previous one.
+
+    Columnar: what every scheduled request contributes is a dict entry and a list slot
+    copied by the probe in bulk, never a struct per request; block-table changes come only
+    for the requests whose tables changed.
+    """
 
     ts: float
     ops: list[tuple[int, list[int]]]
     """Ordered block operations: (OP_*, block IDs)."""
     new_reqs: list[NewReq]
-    cached_reqs: list[CachedReq]
     num_scheduled: dict[str, int]
+    """Tokens scheduled this step per request (new and running ones)."""
+    cached_ids: list[str]
+    """Requests scheduled again (running on, or resumed after preemption)..."""
+    cached_computed: list[int]
+    """... and their computed tokens before this step, in the same order."""
+    grown_ids: list[str]
+    """Scheduled-again requests whose tables grew (or, when resumed, were rebuilt)..."""
+    grown_blocks: list[list[list[int]]]
+    """... their new blocks per group (the whole table for a resumed one)."""
+    resumed: list[str]
+    """Requests resumed after a preemption in this step."""
+    nulled: list[Nulled]
+    """Table entries replaced by the null block, applied before the tables grow."""
     finished: list[str]
     preempted: list[str]
     preemptions: list[Preemption]
@@ -153,6 +169,7 @@ class Step(msgspec.Struct, tag="step", array_like=True, frozen=True):
     token_budget: int
     running: int
     waiting: int
+    """Waiting requests as vLLM counts them (requests holding KV while waiting included)."""
     head_blocks_needed: int
     """Blocks the head of the waiting queue needs for its whole current sequence,
     before prefix-cache hits (an upper bound); 0 when nothing waits."""
@@ -163,7 +180,8 @@ class Step(msgspec.Struct, tag="step", array_like=True, frozen=True):
     schedule_ns: int
     """Time spent in vLLM's schedule()."""
     probe_ns: int
-    """Engine-thread time the probe spent on the previous step."""
+    """Engine-thread time the probe spent since the previous step: its step record and
+    the block-pool wrappers."""
 
 
 class Keyframe(msgspec.Struct, tag="keyframe", array_like=True, frozen=True):
@@ -249,6 +267,8 @@ class Frame(msgspec.Struct, array_like=True, frozen=True):
     faults: int
     """Exceptions the probe caught and contained so far."""
     records: list[Record]
+    sender_cpu_ns: int = 0
+    """CPU time the probe's sender thread has used so far (0 from the middleware)."""
 
 
 class WireError(ValueError):

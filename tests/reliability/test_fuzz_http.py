@@ -57,8 +57,10 @@ def poison(frames: list[wire.Frame]) -> list[list[bytes]]:
     last = frames[-1]
     seq = last.first_seq + len(last.records)
     step = [r for f in frames for r in f.records if isinstance(r, wire.Step)][-1]
-    quiet = msgspec.structs.replace(step, ops=[], new_reqs=[], cached_reqs=[], finished=[],
-                                    preempted=[], preemptions=[], arrivals=[], ends=[])
+    quiet = msgspec.structs.replace(
+        step, ops=[], new_reqs=[], cached_ids=[], cached_computed=[], grown_ids=[],
+        grown_blocks=[], resumed=[], nulled=[], finished=[], preempted=[], preemptions=[],
+        arrivals=[], ends=[])
     return [wire.encode(msgspec.structs.replace(
         last, first_seq=seq + i, records=[msgspec.structs.replace(quiet, ts=ts)]))
         for i, ts in enumerate([float("inf"), float("-inf"), float("nan")])]

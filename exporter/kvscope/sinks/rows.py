@@ -42,7 +42,9 @@ class RequestTrace:
     free_blocks_at_alloc: int
     """Free blocks right after the step that first admitted it (-1 unknown)."""
     max_contiguous_free_blocks_at_alloc: int
-    """Longest free run right after that step (-1 unknown)."""
+    """Longest run of consecutive free block IDs around that step: the sidecar samples it
+    at most 0.1 s apart, as scanning the pool on every admitting step would cost more
+    than the rest of the step (-1 unknown)."""
     arrival_ts: float
     queue_seconds: float
     """Arrival to first admission (-1 never admitted)."""
