@@ -4,9 +4,9 @@ CI runs the pairwise rows of ``test_layout_matrix``; this runs the whole product
 combinations per vLLM, a few minutes) and prints one line each: steps and preemptions,
 or the first difference between the ledger and vLLM's pool. Not collected by pytest::
 
-    python -m tests.twin.full_matrix
-    scripts/pytest-vllm 0.33.0 --version && PYTHONPATH=.cache/vllm-0.33.0 \\
-        VLLM_TARGET_DEVICE=cpu python -m tests.twin.full_matrix
+    .venv/bin/python -m tests.twin.full_matrix
+    PYTHONPATH=.cache/vllm-0.33.0:$PYTHONPATH VLLM_TARGET_DEVICE=cpu \\
+        .venv/bin/python -m tests.twin.full_matrix
 """
 
 from __future__ import annotations
