@@ -63,6 +63,17 @@ class TwinConfig:
     '{"method": "draft_model", "num_speculative_tokens": N}'``); N > 0 also reserves N
     lookahead slots in every allocation. 0: no speculative decoding."""
 
+    def layout_summary(self) -> str:
+        """The KV layout and scheduler in one line: ``full+sliding (window 128 tokens),
+        AsyncScheduler, 2 draft tokens/step``."""
+        parts = [self.layout]
+        if self.layout in ("full+sliding", "sliding"):
+            parts[0] += f" (window {self.sliding_window} tokens)"
+        parts.append("AsyncScheduler" if self.async_scheduling else "Scheduler")
+        if self.num_speculative_tokens:
+            parts.append(f"{self.num_speculative_tokens} draft tokens/step")
+        return ", ".join(parts)
+
     def validate(self) -> list[str]:
         """Every problem with this config, one sentence each; empty when it is usable."""
         errors: list[str] = []
