@@ -30,6 +30,7 @@ _SHARDING = re.compile(r"--\s*kvscope:sharding_key\s+(.+)$", re.MULTILINE)
 _CREATE_TABLE = re.compile(
     r"^CREATE\s+TABLE\s+IF\s+NOT\s+EXISTS\s+(\w+)\.(\w+)\s*(\(.*\))\s*"
     r"ENGINE\s*=\s*MergeTree(?:\(\))?\s+(.*)$", re.IGNORECASE | re.DOTALL)
+_ALTER_TABLE = re.compile(r"^ALTER\s+TABLE\s+(\w+)\.(\w+)\s+(.*)$", re.IGNORECASE | re.DOTALL)
 _CREATE_DB = re.compile(r"^CREATE\s+DATABASE\s+IF\s+NOT\s+EXISTS\s+(\w+)$", re.IGNORECASE)
 
 
@@ -114,6 +115,10 @@ def _on_cluster(stmt: str, cluster: str, sharding: str, source: str) -> list[str
     m = _CREATE_DB.match(stmt)
     if m:
         return [f"CREATE DATABASE IF NOT EXISTS {m.group(1)} {on}"]
+    m = _ALTER_TABLE.match(stmt)
+    if m:  # a column added to an existing table: to the local and the Distributed one
+        db, name, change = m.groups()
+        return [f"ALTER TABLE {db}.{t} {on} {change}" for t in (f"{name}_local", name)]
     m = _CREATE_TABLE.match(stmt)
     if not m:
         raise ValueError(f"{source}: no cluster variant for statement {stmt[:60]!r}...")

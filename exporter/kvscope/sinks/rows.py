@@ -183,6 +183,7 @@ class LayoutSnapshotRow:
     owner_req_ids: list[str]
     owner_blocks: list[int]
     owner_fragments: list[int]
+    owner_group_runs: list[list[list[int]]]
 
 
 TABLES: dict[str, type] = {
