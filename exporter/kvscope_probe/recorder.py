@@ -82,6 +82,7 @@ class Recorder(PoolMirror):
         self.hello = self._hello(sched)
         self.group_block_sizes = [g.block_size for g in self.hello.kv_groups]
         self.kv_holding = getattr(sched, "kv_holding_waiting", None)
+        self.spec_prev: list[str] = []
         self.policy = self.hello.policy
         # No allocation in a step can fail while more blocks are free than the step can
         # take: each scheduled request gets at most cdiv(its new tokens, block size) + 1
@@ -277,6 +278,7 @@ class Recorder(PoolMirror):
         new = [wire.NewReq(r.req_id, [list(g) for g in r.block_ids],
                            r.num_computed_tokens) for r in out.scheduled_new_reqs]
         nst = out.num_scheduled_tokens
+        rolled = self._rolled_back(out.scheduled_spec_decode_tokens, nst)
         head = self.waiting_head()
         waiting = len(sched.waiting)
         if self.kv_holding is not None:
@@ -287,7 +289,7 @@ class Recorder(PoolMirror):
             list(out.finished_req_ids), list(out.preempted_req_ids), pre, arrivals, ends,
             out.total_num_scheduled_tokens, sched.max_num_scheduled_tokens,
             len(sched.running), waiting, head[0], head[1], free, schedule_ns,
-            self.last_probe_ns,
+            self.last_probe_ns, rolled,
         ), STEP_BYTES + REQ_BYTES * len(nst) + BLOCK_BYTES * op_blocks)
         due = t_end >= self.next_keyframe_ns
         if due or (self.want_keyframe and t_end >= self.next_forced_ns):
@@ -296,6 +298,21 @@ class Recorder(PoolMirror):
         self.last_step_mono = _mono()
         self.last_probe_ns = _now_ns() - t_end + self.wrap_ns
         self.wrap_ns = 0
+
+    def _rolled_back(self, spec: Any, nst: Any) -> dict[str, int]:
+        """Counts of requests with drafts in the last two steps that this step did not
+        schedule (with async scheduling the rejection lands a step later). Empty, at the
+        cost of two truth tests, when nothing speculates."""
+        recent, self.spec_prev = self.spec_prev, list(spec) if spec else []
+        if not recent and not self.spec_prev:
+            return {}
+        reqs = self.sched.requests
+        out: dict[str, int] = {}
+        for rid in {*recent, *self.spec_prev}.difference(nst):
+            req = reqs.get(rid)
+            if req is not None and not req.is_finished():
+                out[rid] = req.num_computed_tokens
+        return out
 
     def keyframe(self, t_now: int) -> None:
         """Copy the mirror (no pool scan) plus the running requests' block tables."""

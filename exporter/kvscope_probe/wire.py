@@ -182,6 +182,11 @@ class Step(msgspec.Struct, tag="step", array_like=True, frozen=True):
     probe_ns: int
     """Engine-thread time the probe spent since the previous step: its step record and
     the block-pool wrappers."""
+    rolled_back: dict[str, int] = {}
+    """Computed tokens of running requests NOT scheduled this step that had draft tokens
+    in one of the last two steps: vLLM lowers a request's count when it rejects drafts
+    (``update_from_output``, after the step was recorded), and one that is not scheduled
+    again would otherwise keep the count from before the rejection."""
 
 
 class Keyframe(msgspec.Struct, tag="keyframe", array_like=True, frozen=True):

@@ -179,6 +179,10 @@ class Ledger:
             self.computed[r.req_id] = r.computed_tokens
         self.computed.update(zip(s.cached_ids, s.cached_computed, strict=True))
         self.scheduled.update(s.num_scheduled)
+        for rid, n in s.rolled_back.items():
+            if rid in tables:
+                self.computed[rid] = n
+                self.scheduled[rid] = 0
         resumed = s.resumed
         for rid, groups in zip(s.grown_ids, s.grown_blocks, strict=True):
             table = tables.get(rid)
