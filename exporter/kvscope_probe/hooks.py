@@ -236,8 +236,25 @@ def _nulling(orig: Callable[..., Any]) -> Callable[..., Any]:
     return _remove_blocks_in_range
 
 
+def _relocating(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """Record a block that ``orig`` moves to the end of a request's table."""
+
+    def _relocate_speculative_block(self: Any, req_blocks: Any, block_idx: int) -> Any:
+        ret = orig(self, req_blocks, block_idx)
+        rec = self.block_pool._kvscope
+        if rec is not None and rec.enabled:
+            try:
+                rec.on_relocate(self, req_blocks, block_idx)
+            except Exception as exc:  # noqa: BLE001
+                rec.fault("_relocate_speculative_block", exc)
+        return ret
+
+    return _relocate_speculative_block
+
+
 def _manager_hooks(base: Any) -> None:
-    """Wrap ``_remove_blocks_in_range`` on the base manager and every override of it."""
+    """Wrap ``_remove_blocks_in_range`` on the base manager and every override of it, and
+    ``_relocate_speculative_block`` where a manager has one."""
     todo, seen = [base], set()
     while todo:
         cls = todo.pop()
@@ -247,6 +264,9 @@ def _manager_hooks(base: Any) -> None:
         todo += cls.__subclasses__()
         if callable(cls.__dict__.get("_remove_blocks_in_range")):
             cls._remove_blocks_in_range = _nulling(cls.__dict__["_remove_blocks_in_range"])
+        if callable(cls.__dict__.get("_relocate_speculative_block")):
+            cls._relocate_speculative_block = _relocating(
+                cls.__dict__["_relocate_speculative_block"])
 
 
 def install(attach: Callable[[Any], Recorder | None]) -> list[str]:

@@ -19,6 +19,7 @@ class PoolMirror:
         self.ops: list[tuple[int, list[int]]] = []
         self.op_blocks = 0  # block IDs in ``ops``: the step record's size
         self.nulled: list[wire.Nulled] = []
+        self.relocated: list[wire.Nulled] = []
         self.null_ctx: tuple[str, int] | None = None
         """(request, KV group) while vLLM replaces that table's blocks by the null block."""
         self.states = self._scan_states()
@@ -35,11 +36,23 @@ class PoolMirror:
                 states[b.block_id] = wire.STATE_CACHED
         return states
 
-    def take_ops(self) -> tuple[list[tuple[int, list[int]]], list[wire.Nulled], int]:
-        """The ops, nullings and op block count since the last call; resets them."""
-        ops, nulled, n = self.ops, self.nulled, self.op_blocks
-        self.ops, self.nulled, self.op_blocks = [], [], 0
-        return ops, nulled, n
+    def take_ops(self) -> tuple[list[tuple[int, list[int]]], list[wire.Nulled],
+                                list[wire.Nulled], int]:
+        """The ops, nullings, relocations and op block count since the last call; resets
+        them."""
+        ops, nulled, moved, n = self.ops, self.nulled, self.relocated, self.op_blocks
+        self.ops, self.nulled, self.relocated, self.op_blocks = [], [], [], 0
+        return ops, nulled, moved, n
+
+    def on_relocate(self, manager: Any, req_blocks: Any, block_idx: int) -> None:
+        """``manager`` moved ``req_blocks[block_idx]`` to the end of that table (the null
+        block now in its place). Which request owns the table is found by identity: this
+        happens only for Mamba groups with prefix caching and speculative decoding."""
+        rid = next((r for r, b in manager.req_to_blocks.items() if b is req_blocks), None)
+        if rid is not None:
+            block = req_blocks[-1]
+            self.relocated.append(
+                wire.Nulled(rid, manager.kv_cache_group_id, [block.block_id]))
 
     def on_alloc(self, blocks: Any) -> None:
         ids = [b.block_id for b in blocks]

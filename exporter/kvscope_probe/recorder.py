@@ -266,7 +266,7 @@ class Recorder(PoolMirror):
         dict; the few changed block tables element by element), on the engine thread.
         """
         sched = self.sched
-        ops, nulled, op_blocks = self.take_ops()
+        ops, nulled, moved, op_blocks = self.take_ops()
         arrivals, self.arrivals = self.arrivals, []
         ends, self.ends = self.ends, []
         pre, self.preemptions = self.preemptions, []
@@ -285,7 +285,7 @@ class Recorder(PoolMirror):
             waiting += len(self.kv_holding)
         self.push(wire.Step(
             _wall(), ops, new, dict(nst), list(c.req_ids), list(c.num_computed_tokens),
-            grown_ids, grown, list(c.resumed_req_ids), nulled,
+            grown_ids, grown, list(c.resumed_req_ids), nulled, moved,
             list(out.finished_req_ids), list(out.preempted_req_ids), pre, arrivals, ends,
             out.total_num_scheduled_tokens, sched.max_num_scheduled_tokens,
             len(sched.running), waiting, head[0], head[1], free, schedule_ns,

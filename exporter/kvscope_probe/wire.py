@@ -160,6 +160,10 @@ class Step(msgspec.Struct, tag="step", array_like=True, frozen=True):
     """Requests resumed after a preemption in this step."""
     nulled: list[Nulled]
     """Table entries replaced by the null block, applied before the tables grow."""
+    relocated: list[Nulled]
+    """Blocks moved to the end of their table, the null block left in their place (a
+    Mamba group's speculative scratch blocks, prefix caching on). Only their old place is
+    here: vLLM reports the moved block among the step's new blocks of that request."""
     finished: list[str]
     preempted: list[str]
     preemptions: list[Preemption]

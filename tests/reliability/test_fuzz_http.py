@@ -59,7 +59,8 @@ def poison(frames: list[wire.Frame]) -> list[list[bytes]]:
     step = [r for f in frames for r in f.records if isinstance(r, wire.Step)][-1]
     quiet = msgspec.structs.replace(
         step, ops=[], new_reqs=[], cached_ids=[], cached_computed=[], grown_ids=[],
-        grown_blocks=[], resumed=[], nulled=[], finished=[], preempted=[], preemptions=[],
+        grown_blocks=[], resumed=[], nulled=[], relocated=[], finished=[], preempted=[],
+        preemptions=[],
         arrivals=[], ends=[])
     return [wire.encode(msgspec.structs.replace(
         last, first_seq=seq + i, records=[msgspec.structs.replace(quiet, ts=ts)]))

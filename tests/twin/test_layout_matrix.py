@@ -35,7 +35,13 @@ AXES: dict[str, tuple[Any, ...]] = {
     "enable_prefix_caching": (True, False),
     "num_speculative_tokens": (0, 2),
 }
-ROWS = pairwise(AXES)
+ROWS = pairwise(AXES) + [
+    # A triple no pair exposes: Mamba's speculative scratch blocks move only with prefix
+    # caching on (align mode) and drafts; the full product found it (tests.twin.full_matrix).
+    {"layout": "mamba-hybrid", "vllm": v, "async_scheduling": v == "0.33",
+     "policy": "fcfs", "enable_prefix_caching": True, "num_speculative_tokens": 2}
+    for v in VLLM_VERSIONS
+]
 
 POOL_BLOCKS = {
     ("full", False): 48, ("full", True): 48,

@@ -21,7 +21,7 @@ def hello(**kw: object) -> wire.Hello:
 
 def step(**kw: object) -> wire.Step:
     base = dict(ts=1.0, ops=[], new_reqs=[], num_scheduled={}, cached_ids=[], cached_computed=[],
-                grown_ids=[], grown_blocks=[], resumed=[], nulled=[], finished=[],
+                grown_ids=[], grown_blocks=[], resumed=[], nulled=[], relocated=[], finished=[],
                 preempted=[], preemptions=[], arrivals=[], ends=[], scheduled_tokens=0,
                 token_budget=512, running=0, waiting=0, head_blocks_needed=0, head_req_id="",
                 free_blocks=7,

@@ -169,7 +169,9 @@ class Ledger:
             self.drop_request(rid)
         for rid in s.preempted:
             self.drop_request(rid)
-        for n in s.nulled:  # before the tables grow: a released block may come back
+        # Before the tables grow: a released block may come back, and a relocated one
+        # comes back in the step's new blocks, at the table's end.
+        for n in (*s.nulled, *s.relocated):
             table = tables.get(n.req_id)
             if table is not None and 0 <= n.group < len(table):
                 gone = set(n.block_ids)
