@@ -77,6 +77,11 @@ class Config:
     # -- KVScopeAdmissionBlocked --------------------------------------------------------
     admission_blocked_for: str = "5m"
 
+    # -- KVScopeRequestNeverFits ---------------------------------------------------------
+    never_fits_for: str = "1m"
+    """The gauge is exact (never 1 for a head that could fit), and such a head waits for
+    good: this only rides out one scrape."""
+
     # -- KVScopeContiguousFreeBlocksLow (the field's rule, kept for operators) ------------
     contiguity_max_run_below: int = 100
     contiguity_budget_above: float = 0.6

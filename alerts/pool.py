@@ -72,7 +72,8 @@ def admission_blocked(cfg: Config) -> Rule:
         "KVScopeAdmissionBlocked",
         f"{q.by_engine('sum', q.m('vllm_scheduler_waiting_head_blocks_needed'))}\n-\n"
         f"{q.by_engine('sum', q.m('vllm_scheduler_free_blocks'))}\n> 0\nand\n"
-        f"{q.by_engine('sum', q.m('vllm_scheduler_waiting_requests'))} > 0",
+        f"{q.by_engine('sum', q.m('vllm_scheduler_waiting_requests'))} > 0\nunless\n"
+        f"{never_fits_expr(q)}",
         severity="warning",
         for_=cfg.admission_blocked_for,
         summary="The head of the waiting queue needs more KV blocks than are free, so no "
@@ -82,6 +83,30 @@ def admission_blocked(cfg: Config) -> Rule:
         "prefix-cache hits; evictable cached blocks count as free), and has for at least "
         f"{cfg.admission_blocked_for}. vLLM admits waiting requests in order, so every "
         "request behind it waits too.",
+        dashboard=cfg.dashboards.decisions,
+    )
+
+
+def never_fits_expr(q: Promql) -> str:
+    return f"{q.by_engine('max', q.m('vllm_scheduler_waiting_head_never_fits'))} == 1"
+
+
+def never_fits(cfg: Config) -> Rule:
+    """A head that needs more blocks than the whole pool: no freed block will admit it."""
+    q = Promql(cfg)
+    return alert(
+        cfg,
+        "KVScopeRequestNeverFits",
+        never_fits_expr(q),
+        severity="critical",
+        for_=cfg.never_fits_for,
+        summary="The request at the head of the waiting queue needs more KV blocks than the "
+        "whole pool holds: it can never be admitted.",
+        description=f"{ENGINE}: the request at the head of the waiting queue needs more "
+        "KV blocks than the pool's usable blocks, even with every running request done, "
+        f"and has for at least {cfg.never_fits_for}. vLLM admits waiting requests in "
+        "order, so it and every request behind it wait until it is aborted. The decision "
+        "log's never_fits line names the request and its blocks.",
         dashboard=cfg.dashboards.decisions,
     )
 
@@ -115,5 +140,6 @@ def pool_alerts(cfg: Config) -> list[Rule]:
         exhausted_budget_left(cfg),
         *preemption_rate(cfg),
         admission_blocked(cfg),
+        never_fits(cfg),
         contiguity(cfg),
     ]

@@ -92,7 +92,7 @@ def test_runbook_names_only_real_vllm_flags() -> None:
         "--num-gpu-blocks-override", "--gpu-memory-utilization", "--max-num-seqs",
         "--max-num-batched-tokens", "--block-size", "--scheduling-policy",
         "--enable-prefix-caching", "--health-timeout", "--endpoint", "--vllm-url",
-        "--param", "--list",
+        "--param", "--list", "--max-model-len", "--kv-cache-memory-bytes",
     }
     texts = [RUNBOOK.read_text()] + [
         r["annotations"]["description"] for r in load_rules() if "alert" in r

@@ -19,6 +19,7 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import HTMLResponse
 
+from kvscope.sidecar.capacity import head_fit
 from kvscope.sidecar.engine import EngineState
 from kvscope.sidecar.hub import Hub
 from kvscope.sidecar.layout import LayoutSampler, Point, Snapshot
@@ -90,6 +91,7 @@ def engine_layout(st: EngineState, sampler: LayoutSampler, max_runs: int,
         status = "waiting"
     else:
         status = "ok"
+    fit = head_fit(h, st.last_step)
     out: dict[str, Any] = {
         "engine": h.engine,
         "model": h.model,
@@ -108,6 +110,7 @@ def engine_layout(st: EngineState, sampler: LayoutSampler, max_runs: int,
         "history": history_json(sampler.points(h.engine), history_points),
         "preemptions_total": dict(st.counters.preemptions),
         "preemptions": preemptions_json(st),
+        "waiting_head": None if fit is None else fit.as_json(),
     }
     return out
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from kvscope.sidecar.capacity import head_fit
 from kvscope.sidecar.client_stats import ClientStats
 from kvscope.sidecar.engine import EngineState
 from kvscope.sidecar.gpu import GpuReader
@@ -62,6 +63,11 @@ DOCS = {
     "vllm_scheduler_waiting_head_blocks_needed": (
         "Blocks the head of the waiting queue needs for its whole sequence, before "
         "prefix-cache hits (0: nothing waits)."
+    ),
+    "vllm_scheduler_waiting_head_never_fits": (
+        "1 while the head of the waiting queue needs more blocks than the whole pool holds "
+        "(its full-attention groups' blocks alone exceed the usable blocks): it can never "
+        "be admitted, and every request behind it waits; 0 otherwise."
     ),
     "kvscope_ledger_synced": (
         "1 while the rebuilt pool state is exact, 0 while it is stale (after a gap, until"
@@ -236,6 +242,9 @@ class KVScopeCollector:
             f.g("vllm_scheduler_running_requests").add_metric(lv, last.running)
             f.g("vllm_scheduler_waiting_requests").add_metric(lv, last.waiting)
             f.g("vllm_scheduler_waiting_head_blocks_needed").add_metric(lv, last.head_blocks_needed)
+            fit = head_fit(h, last)
+            f.g("vllm_scheduler_waiting_head_never_fits").add_metric(
+                lv, int(fit is not None and fit.never_fits))
         self._ledger(f, st, lv)
         self._health(f, st, lv)
 

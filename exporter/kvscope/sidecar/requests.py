@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvscope.sidecar.capacity import head_fit
 from kvscope.sidecar.engine import EngineState, PreemptionSeen
 from kvscope.sinks.rows import RequestEvent, RequestTrace, SchedulerDecision, StepStat
 from kvscope_probe import wire
@@ -74,6 +75,7 @@ class RequestTracker:
         self.live: dict[str, OrderedDict[str, _Live]] = {}
         self.seconds: dict[str, _Second] = {}
         self.blocked_since: dict[str, float] = {}
+        self.never_fit_head: dict[str, str] = {}
         self.prefilling: dict[str, set[str]] = {}
         self.evicted = 0
 
@@ -83,6 +85,7 @@ class RequestTracker:
             self.live[st.engine] = OrderedDict()
             self.prefilling[st.engine] = set()
             self.seconds.pop(st.engine, None)
+            self.never_fit_head.pop(st.engine, None)
         elif kind == "step":
             self._step(st, payload)  # type: ignore[arg-type]
         elif kind == "preemption":
@@ -284,6 +287,8 @@ class RequestTracker:
 
     # -- admission and rollups ---------------------------------------------------------
     def _admission(self, st: EngineState, s: wire.Step) -> None:
+        if self._never_fits(st, s):
+            return
         led = st.ledger
         blocked = (s.waiting > 0 and not s.new_reqs and led.synced
                    and s.head_blocks_needed > led.free)
@@ -299,6 +304,25 @@ class RequestTracker:
                        f"waiting queue needs {s.head_blocks_needed} blocks, "
                        f"free_blocks={led.free} waiting={s.waiting}",
                        blocks_needed=s.head_blocks_needed, free_blocks=led.free)
+
+    def _never_fits(self, st: EngineState, s: wire.Step) -> bool:
+        """One ``never_fits`` decision per request that reaches the head of the waiting
+        queue needing more blocks than the pool holds; True while such a head waits (it
+        is not reported as ``admission_blocked``: no freed block would admit it)."""
+        fit = head_fit(st.hello, s)
+        if fit is None or not fit.never_fits:
+            self.never_fit_head.pop(st.engine, None)
+            return False
+        if self.never_fit_head.get(st.engine) != fit.req_id:
+            self.never_fit_head[st.engine] = fit.req_id
+            self._decision(st, s.ts, "never_fits", fit.req_id,
+                           f"Never fits: request {fit.req_id} at the head of the waiting "
+                           f"queue needs at least {fit.min_blocks} blocks, more than the "
+                           f"{fit.usable_blocks} usable blocks of the whole pool; it and the "
+                           f"{s.waiting - 1} requests behind it wait while it stays there",
+                           blocks_needed=fit.min_blocks, free_blocks=st.ledger.free
+                           if st.ledger.synced else -1)
+        return True
 
     def _rollup(self, st: EngineState, s: wire.Step) -> None:
         second = float(int(s.ts))
