@@ -45,6 +45,8 @@ QUIET = {
     "KVScopeLedgerMismatch[warning]": "the ledger equals vLLM's pool at every step",
     "KVScopeSinkWriteErrors[warning]": "the embedded chDB store accepts every batch",
     "KVScopeSinkSpoolGrowing[warning]": "nothing is spooled while the store accepts batches",
+    "KVScopeRequestNeverFits[critical]": "every request fits the pool: vLLM (and the twin) "
+    "refuse to start a pool that cannot hold one max_model_len request",
 }
 ABSENT = {
     # The series these read cannot exist in this test; they must stay absent, so that a
