@@ -7,7 +7,10 @@ process (the one that schedules) records and sends anything.
 
 Environment:
 - ``KVSCOPE_PROBE_ENDPOINT``: ZMQ endpoint the sidecar binds (``ipc://...`` or ``tcp://...``)
-- ``KVSCOPE_ENGINE``: engine label (default: the data-parallel rank)
+- ``KVSCOPE_SERVER``: which vLLM server (default: its API server's host:port)
+- ``KVSCOPE_ENGINE``: engine label (default: the data-parallel index, as vLLM's ``engine``)
+- ``KVSCOPE_PROBE_SECRET`` / ``KVSCOPE_PROBE_SECRET_FILE``: the shared secret a tcp
+  endpoint requires (``kvscope_probe.transport``)
 - ``KVSCOPE_PROBE_RING``: ring capacity in records (default 8192)
 - ``KVSCOPE_PROBE_KEYFRAME_S``: seconds between keyframes (default 5)
 - ``KVSCOPE_PROBE_HWM``: ZMQ send high-water mark in frames (default 1000)

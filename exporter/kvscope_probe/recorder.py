@@ -15,6 +15,7 @@ from collections import deque
 from typing import Any
 
 from kvscope_probe import wire
+from kvscope_probe.identity import engine_identity
 from kvscope_probe.reasons import classify
 
 log = logging.getLogger("kvscope_probe")
@@ -86,12 +87,10 @@ class Recorder:
         if isinstance(served, (list, tuple)):
             served = served[0] if served else None
         model = str(served or cfg.model_config.model)
-        engine = os.environ.get("KVSCOPE_ENGINE") or str(
-            getattr(cfg.parallel_config, "data_parallel_rank", 0)
-        )
+        ident = engine_identity(cfg)
         sc = sched.scheduler_config
         return wire.Hello(
-            engine=engine,
+            engine=ident.engine,
             session=uuid.uuid4().hex[:16],
             pid=os.getpid(),
             vllm_version=str(getattr(vllm, "__version__", "unknown")),
@@ -105,6 +104,9 @@ class Recorder:
             policy=str(sched.policy.value),
             prefix_caching=bool(self.pool.enable_caching),
             ts=_wall(),
+            server=ident.server,
+            dp_rank=ident.dp_rank,
+            started=ident.started,
         )
 
     def _scan_states(self) -> bytearray:

@@ -20,6 +20,7 @@ import numpy as np
 
 from kvscope.sidecar.engine import EngineState
 from kvscope_probe import wire
+from kvscope_probe.identity import engine_key
 
 STATE_NAMES = ("free", "cached", "allocated", "null")
 """Index = ``wire.STATE_*``."""
@@ -69,6 +70,13 @@ class Snapshot:
     waiting: int
     cost: int = 0
     """Bytes this snapshot adds to the history (0 when it shares its runs)."""
+    server: str = ""
+    """The engine's server label (EngineState.server)."""
+
+    @property
+    def key(self) -> str:
+        """The engine's name in the sidecar (EngineState.key)."""
+        return engine_key(self.server, self.engine)
 
 
 def fragments(ids: list[int]) -> int:
@@ -117,13 +125,14 @@ class EngineCopy:
     tables: dict[str, list[list[int]]]
     tokens: dict[str, int]
     budget_utilization: float | None
+    server: str = ""
 
     @classmethod
     def of(cls, st: EngineState) -> EngineCopy:
         led = st.ledger
         return cls(st.hello, st.counters.steps, st.last_step, bytes(led.states),
                    {r: [list(g) for g in t] for r, t in led.tables.items()},
-                   dict(led.tokens), st.budget_utilization())
+                   dict(led.tokens), st.budget_utilization(), st.server)
 
 
 def build_snapshot(c: EngineCopy, ts: float) -> Snapshot:
@@ -166,7 +175,7 @@ def build_snapshot(c: EngineCopy, ts: float) -> Snapshot:
         max_contiguous_free=int(free_runs.max()) if free_runs.size else 0,
         budget_utilization=c.budget_utilization,
         running=last.running if last else 0, waiting=last.waiting if last else 0,
-        cost=runs.nbytes + 96 * len(owners) + 256,
+        cost=runs.nbytes + 96 * len(owners) + 256, server=c.server,
     )
 
 
@@ -199,4 +208,5 @@ def layout_rows(snap: Snapshot) -> list[dict[str, Any]]:
         "owner_req_ids": [o.req_id for o in snap.owners],
         "owner_blocks": [o.blocks for o in snap.owners],
         "owner_fragments": [o.fragments for o in snap.owners],
+        "server": snap.server,
     }]

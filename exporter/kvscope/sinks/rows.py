@@ -55,6 +55,8 @@ class RequestTrace:
     user_agent: str = ""
     api_key_hash: str = ""
     prompt_hash: str = ""
+    server: str = ""
+    """The engine's vLLM server (kvscope_probe.identity); "" outside an API server."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +82,8 @@ class RequestEvent:
     """Computed tokens after the event (preempted: tokens discarded)."""
     reason: str = ""
     detail: str = ""
+    server: str = ""
+    """The engine's vLLM server (kvscope_probe.identity); "" outside an API server."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +106,8 @@ class SchedulerDecision:
     msg: str
     """Stable human line, e.g. 'Preempting request r1 due to kv_full free_blocks=0
     max_contiguous=0 blocks_needed=1'."""
+    server: str = ""
+    """The engine's vLLM server (kvscope_probe.identity); "" outside an API server."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +131,8 @@ class StepStat:
     preemptions: int
     tail_waste_tokens: int
     """When the second's rollup was written (-1 while the ledger is stale)."""
+    server: str = ""
+    """The engine's vLLM server (kvscope_probe.identity); "" outside an API server."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +188,8 @@ class LayoutSnapshotRow:
     owner_req_ids: list[str]
     owner_blocks: list[int]
     owner_fragments: list[int]
+    server: str = ""
+    """The engine's vLLM server (kvscope_probe.identity); "" outside an API server."""
 
 
 TABLES: dict[str, type] = {
