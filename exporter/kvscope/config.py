@@ -20,6 +20,9 @@ from kvscope_probe.transport import (
     requires_auth,
 )
 
+MIN_HEALTH_TIMEOUT_S = 4.0
+"""Twice kvscope_probe.sender.HEARTBEAT_S."""
+
 
 def default_data_dir() -> str:
     """Where the embedded store lives: $XDG_DATA_HOME/kvscope or ~/.local/share/kvscope."""
@@ -120,8 +123,9 @@ class ServeConfig:
             errors.append("receive buffer must be at least 1 MiB")
         if not 0 < self.port < 65536:
             errors.append(f"port {self.port} is outside 1-65535")
-        if self.health_timeout_s <= 0:
-            errors.append("health timeout must be positive")
+        if self.health_timeout_s < MIN_HEALTH_TIMEOUT_S:
+            errors.append(f"health timeout must be at least {MIN_HEALTH_TIMEOUT_S:g} s: twice "
+                          "the probe's heartbeat interval, or idle engines would flap")
         if self.vllm_scrape_interval_s <= 0:
             errors.append("vLLM scrape interval must be positive")
         if self.vllm_url is not None:

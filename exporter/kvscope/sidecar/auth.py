@@ -7,8 +7,13 @@ socket's handshake events, so that every refused connection attempt is counted b
 
 - ``auth``: CURVE with the right server key but a client key not derived from the secret;
 - ``crypto``: a CURVE handshake that does not decrypt (another secret on the other side);
-- ``mechanism``: a peer without CURVE (a probe with no secret set);
-- ``protocol``: anything else that is not a ZMTP handshake (a port scanner, HTTP).
+- ``mechanism``: a peer without CURVE (a probe with no secret set; depending on which side
+  notices first, such a peer may count as ``protocol`` instead);
+- ``protocol``: anything else that fails the handshake (a peer that connects and never
+  completes it is dropped after ``HANDSHAKE_MS``).
+
+Bytes that are not ZMTP at all (an HTTP request) are cut off at once, before any
+handshake: they deliver nothing, and libzmq reports only a disconnection, not counted.
 
 A refused peer never delivers a frame. Keys and the secret are never logged.
 """
@@ -30,6 +35,7 @@ log = logging.getLogger("kvscope.sidecar")
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 REASONS = ("auth", "crypto", "mechanism", "protocol")
+HANDSHAKE_MS = 3000
 _FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
            | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 
@@ -49,6 +55,9 @@ class CurveGate:
 
     def secure(self, sock: zmq.Socket[Any]) -> None:
         """Make ``sock`` a CURVE server (before it binds) and watch its handshakes."""
+        # A peer that connects and never completes the handshake (a port scanner, HTTP)
+        # is dropped, and counted, after this long.
+        sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_MS)
         sock.curve_server = True
         sock.curve_secretkey = self.keys.server_secret
         sock.zap_domain = ZAP_DOMAIN.encode()

@@ -101,9 +101,12 @@ class Hub:
                     fn(rec)
             self.client_records += len(frame.records)
             return
-        if frame.records and all(isinstance(r, wire.Heartbeat) for r in frame.records):
+        beats = sum(isinstance(r, wire.Heartbeat) for r in frame.records)
+        if beats and beats == len(frame.records):
             self._heartbeat(frame)
             return
+        if beats:
+            raise ValueError("heartbeats among records (they travel alone)")
         state = self.sessions.get(frame.session)
         if state is None:
             hello = next(
