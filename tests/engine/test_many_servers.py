@@ -144,10 +144,11 @@ def test_per_engine_counts_equal_each_servers_own(two: Two) -> None:
                for e in engines.values())
 
 
-def dump_keys(two: Two, pid: int) -> list[str]:
+def dump_keys(url: str, pid: int) -> list[str]:
+    """The engine keys ``kvscope layout dump --pid PID`` finds on the sidecar at ``url``."""
     done = subprocess.run(
         [sys.executable, "-m", "kvscope", "layout", "dump", "--output", "-", "--url",
-         two.side.url, "--pid", str(pid), "--history", "0"],
+         url, "--pid", str(pid), "--history", "0"],
         cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return [e["key"] for e in json.loads(done.stdout)["engines"]]
@@ -159,7 +160,7 @@ def test_layout_dump_pid_takes_any_pid_of_the_server_tree(two: Two) -> None:
         workers = [c.pid for c in psutil.Process(engine_pid).children(recursive=True)]
         assert workers, "the CPU build runs its model runner in a worker process"
         for pid in (s.pid, engine_pid, workers[0]):
-            assert dump_keys(two, pid) == [two.key(s)], pid
+            assert dump_keys(two.side.url, pid) == [two.key(s)], pid
 
 
 def test_idle_longer_than_the_health_timeout_stays_ready(two: Two) -> None:
