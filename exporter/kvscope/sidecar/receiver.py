@@ -83,6 +83,8 @@ class Receiver(threading.Thread):
         self.ready = threading.Event()
         self.error: BaseException | None = None
         self.queue = FrameQueue(buffer_bytes)
+        self.received = 0
+        """Messages read from the sockets (queued or refused as buffer_full)."""
         self._ctx = zmq.Context()
         tcp = [ep for ep in endpoints if requires_auth(ep)]
         if tcp and secret is None:
@@ -149,6 +151,7 @@ class Receiver(threading.Thread):
                 parts = sock.recv_multipart(flags=zmq.NOBLOCK)
             except zmq.Again:
                 return
+            self.received += 1
             if not self.queue.put(parts):
                 self.hub.refuse("buffer_full", f"ingest queue holds {self.queue.bytes} bytes")
 
