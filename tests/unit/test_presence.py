@@ -167,3 +167,23 @@ def test_a_hello_of_an_older_probe_decodes_with_no_identity() -> None:
     old = msgspec.msgpack.encode(fields[:-3])  # a Hello without server, dp_rank, started
     back = msgspec.msgpack.decode(old, type=wire.Hello)
     assert (back.server, back.dp_rank, back.started, back.engine) == ("", -1, 0.0, "0")
+
+
+def test_reconciliation_picks_the_server_at_the_vllm_url() -> None:
+    from kvscope.sidecar.vllm_metrics import VllmScraper, parse
+    from tests.unit.test_vllm_metrics import TEXT  # vLLM's engine "0": 25 preemptions
+
+    hub = Hub()
+    for session, port in (("sa", 8001), ("sb", 8002)):
+        h = hello(session=session, server=f"127.0.0.1:{port}")
+        send(hub, h, [h, step(), kf(h)], 0)
+    scraper = VllmScraper("http://127.0.0.1:8002")
+    scraper.latest = parse(TEXT)
+    reg = CollectorRegistry()
+    reg.register(KVScopeCollector(hub, vllm=scraper))
+    diff = "kvscope_reconciliation_preemptions_diff"
+    at = {"engine": "0", "model": "tiny"}
+    assert reg.get_sample_value(diff, {**at, "server": "127.0.0.1:8002"}) == -25
+    assert reg.get_sample_value(diff, {**at, "server": "127.0.0.1:8001"}) is None
+    assert reg.get_sample_value("kvscope_engine_coarse", {**at, "server": "127.0.0.1:8002"}) \
+        is None  # probed, so not coarse
