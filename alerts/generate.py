@@ -1,9 +1,10 @@
-"""Write ``alerts/kvscope.rules.yml`` from ``alerts.config.Config``, or check it is current.
+"""Write ``alerts/kvscope.rules.yml`` and its Kubernetes PrometheusRule from
+``alerts.config.Config``, or check they are current.
 
-    python -m alerts.generate           # rewrite the rule file
-    python -m alerts.generate --check   # exit 1, with a diff, when the file is stale
+    python -m alerts.generate           # rewrite the rule file and the PrometheusRule
+    python -m alerts.generate --check   # exit 1, with a diff, when either is stale
 
-Run from the repository root. The file is committed; CI runs ``--check``.
+Run from the repository root. Both files are committed; CI runs ``--check``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from alerts import kubernetes
 from alerts.config import Config
 from alerts.rules import build
 
@@ -41,9 +43,17 @@ def _str(dumper: yaml.SafeDumper, s: str) -> Any:
 _Dumper.add_representer(str, _str)
 
 
+def _dump(data: Any) -> str:
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=WIDTH, allow_unicode=True)
+
+
 def render(cfg: Config | None = None) -> str:
-    body = yaml.dump(build(cfg), Dumper=_Dumper, sort_keys=False, width=WIDTH, allow_unicode=True)
-    return HEADER + body
+    return HEADER + _dump(build(cfg))
+
+
+def render_rule_object(cfg: Config | None = None) -> str:
+    """The PrometheusRule (deploy/kubernetes) carrying the same groups."""
+    return kubernetes.HEADER + _dump(kubernetes.manifest(cfg))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,22 +62,29 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--check", action="store_true", help="fail when the rule file is stale")
     p.add_argument("--output", type=Path, default=RULE_FILE)
+    p.add_argument("--rule-object", type=Path, default=kubernetes.RULE_OBJECT,
+                   help="where the Kubernetes PrometheusRule goes")
     args = p.parse_args(argv)
-    text = render()
+    outputs = {args.output: render(), args.rule_object: render_rule_object()}
     if args.check:
-        current = args.output.read_text() if args.output.exists() else ""
-        if current == text:
-            return 0
-        sys.stdout.writelines(
-            difflib.unified_diff(
-                current.splitlines(keepends=True), text.splitlines(keepends=True),
-                str(args.output), "generated",
+        stale = 0
+        for path, text in outputs.items():
+            current = path.read_text() if path.exists() else ""
+            if current == text:
+                continue
+            stale += 1
+            sys.stdout.writelines(
+                difflib.unified_diff(
+                    current.splitlines(keepends=True), text.splitlines(keepends=True),
+                    str(path), "generated",
+                )
             )
-        )
-        print(f"\n{args.output} is stale: run `python -m alerts.generate` and commit it.",
-              file=sys.stderr)
-        return 1
-    args.output.write_text(text)
+            print(f"\n{path} is stale: run `python -m alerts.generate` and commit it.",
+                  file=sys.stderr)
+        return 1 if stale else 0
+    for path, text in outputs.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
     return 0
 
 

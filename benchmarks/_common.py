@@ -182,12 +182,14 @@ def wait_engine_steps(url: str, engine: str, steps: int | None,
 
 
 def scrape(url: str) -> dict[tuple[str, str], float]:
-    """A Prometheus exposition as ``{(sample name, engine label or ""): value}``."""
+    """A Prometheus exposition as ``{(sample name, engine label or ""): value}``; samples
+    that differ in other labels (``thread``, ``reason``, ...) are summed."""
     text = httpx.get(f"{url}/metrics", timeout=10.0, trust_env=False).text
     out: dict[tuple[str, str], float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            out[(s.name, s.labels.get("engine", ""))] = s.value
+            key = (s.name, s.labels.get("engine", ""))
+            out[key] = out.get(key, 0.0) + s.value
     return out
 
 

@@ -154,6 +154,11 @@ def summarise_pool(pool: str, offs: list[dict[str, Any]], ons: list[dict[str, An
         "add_request_cost_us": (median([r["pools"][pool]["add_mean_ns"] for r in ons])
                                 - median([r["pools"][pool]["add_mean_ns"] for r in offs])) / 1e3,
         "self_reported_us_per_step": _per_step(probes, steps, lambda p: p["overhead_s"] * 1e6),
+        # whole engine process (engine thread + sender), best of rounds per mode
+        "proc_cpu_us_per_step_off": min(r["pools"][pool]["proc_cpu_ns"] for r in offs) / 1e3
+        / max(1, steps),
+        "proc_cpu_us_per_step_on": min(r["pools"][pool]["proc_cpu_ns"] for r in ons) / 1e3
+        / max(1, steps),
         "sender_cpu_us_per_step": _per_step(probes, steps, lambda p: p["sender_cpu_ns"] / 1e3),
         "sidecar_cpu_us_per_step": _per_step(probes, steps, lambda p: p["sidecar_cpu_s"] * 1e6),
         "attach_ms": median([p["attach_ns"] / 1e6 for p in probes]),
@@ -188,7 +193,7 @@ def print_tables(rows: list[dict[str, Any]], rounds: int) -> None:
     print(f"\n{'pool':>7} {'steps':>6} {'reqs/st':>7} {'preempt':>7} {'peak':>5} {'reach':>5} "
           f"{'self/st':>8} {'sender/st':>9} {'sidecar/st':>10} {'add/req':>8} "
           f"{'kf p50':>8} {'kf max':>8} {'scan':>7} {'drop':>5} {'mism':>5} {'gaps':>5} "
-          f"{'all seen':>8}")
+          f"{'all seen':>8} {'proc cpu/st off->on':>20}")
     for r in rows:
         w = r["workload"]
         seen = r["same_schedule_off_on"] and r["sidecar_saw_every_step"] and r["sidecar_synced"]
@@ -199,7 +204,9 @@ def print_tables(rows: list[dict[str, Any]], rounds: int) -> None:
               f"{r['sidecar_cpu_us_per_step']:>8.1f}us {r['add_request_cost_us']:>6.1f}us "
               f"{r['keyframe_p50_us']:>6.0f}us {r['keyframe_max_us']:>6.0f}us "
               f"{r['full_scan_ms']:>5.1f}ms {r['dropped']:>5} {r['ledger_mismatches']:>5} "
-              f"{r['ledger_gaps']:>5} {str(seen):>8}")
+              f"{r['ledger_gaps']:>5} {str(seen):>8} "
+              f"{r['proc_cpu_us_per_step_off']:>7.0f}->{r['proc_cpu_us_per_step_on']:.0f}us "
+              f"x{r['proc_cpu_us_per_step_on'] / max(1e-9, r['proc_cpu_us_per_step_off']):.3f}")
 
 
 def orchestrate(args: argparse.Namespace) -> None:

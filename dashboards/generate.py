@@ -1,10 +1,12 @@
-"""Write ``dashboards/json/*.json`` from the Python source, or check they are current.
+"""Write ``dashboards/json/*.json`` and their Kubernetes ConfigMaps from the Python source,
+or check they are current.
 
-    python -m dashboards.generate           # rewrite every dashboard file
+    python -m dashboards.generate           # rewrite every dashboard file and the ConfigMaps
     python -m dashboards.generate --check   # exit 1, with a diff, when a file is stale
 
 Run from the repository root. The JSON is committed (Grafana provisions it, see
-deploy/grafana); CI runs ``--check`` (tests/stack/test_dashboards.py).
+deploy/grafana), and so are the ConfigMaps (deploy/kubernetes, see dashboards/kubernetes.py);
+CI runs ``--check`` (tests/stack/test_dashboards.py).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
-from dashboards import blocks, clients, decisions, layout, traces
+from dashboards import blocks, clients, decisions, kubernetes, layout, traces
 from dashboards.config import Config
 from dashboards.panels import Board
 
@@ -59,15 +61,28 @@ def stale(out_dir: Path, files: dict[str, str]) -> list[str]:
     return diffs
 
 
+def stale_configmaps(path: Path, files: dict[str, str]) -> list[str]:
+    """The diff of the ConfigMaps file against what ``files`` render to, if any."""
+    current = path.read_text() if path.exists() else ""
+    wanted = kubernetes.render(files)
+    if current == wanted:
+        return []
+    return ["".join(difflib.unified_diff(current.splitlines(keepends=True),
+                                         wanted.splitlines(keepends=True), str(path),
+                                         "generated")) or f"{path} differs\n"]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dashboards.generate",
                                  description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--check", action="store_true", help="fail when a dashboard is stale")
     ap.add_argument("--output", type=Path, default=OUT)
+    ap.add_argument("--configmaps", type=Path, default=kubernetes.CONFIGMAPS,
+                    help="where the Kubernetes ConfigMaps go")
     args = ap.parse_args(argv)
     files = render()
     if args.check:
-        diffs = stale(args.output, files)
+        diffs = stale(args.output, files) + stale_configmaps(args.configmaps, files)
         if not diffs:
             return 0
         sys.stdout.write("".join(diffs))
@@ -80,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
             old.unlink()
     for name, text in files.items():
         (args.output / name).write_text(text)
+    args.configmaps.parent.mkdir(parents=True, exist_ok=True)
+    args.configmaps.write_text(kubernetes.render(files))
     return 0
 
 

@@ -8,6 +8,7 @@ import sys
 
 from kvscope import __version__, layout_dump, loadgen, query, schema, whatif
 from kvscope.config import ENV, ConfigError, from_sources
+from kvscope.twin.config import LAYOUTS, TwinConfig
 
 
 def _serve_args(p: argparse.ArgumentParser) -> None:
@@ -52,6 +53,8 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                    help=f"seconds between layout samples [{ENV['layout_interval_s']}]")
     p.add_argument("--tls-cert", help=f"PEM certificate: serve HTTPS [{ENV['tls_cert']}]")
     p.add_argument("--tls-key", help=f"PEM private key of --tls-cert [{ENV['tls_key']}]")
+    p.add_argument("--hash-key-file",
+                   help=f"secret keying prompt and API-key hashes [{ENV['hash_key_file']}]")
     p.add_argument("--probe-secret-file",
                    help=f"file holding the probe secret that tcp endpoints require (or set "
                         f"{ENV['probe_secret']}) [{ENV['probe_secret_file']}]")
@@ -94,8 +97,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--requests", type=int, default=200,
                       help="requests the clients send, duplicates included (default 200)")
-    demo.add_argument("--blocks", type=int, default=64, help="KV blocks in the pool (default 64)")
+    demo.add_argument("--blocks", type=int, default=None,
+                      help="KV blocks in the pool (default 64; 128 for full+sliding, 48 for "
+                           "sliding)")
     demo.add_argument("--policy", choices=("fcfs", "priority"), default="fcfs")
+    demo.add_argument("--layout", choices=LAYOUTS, default="full",
+                      help="the model's KV layout, twin only (default full: one "
+                           "full-attention group)")
+    demo.add_argument("--sliding-window", type=int, default=TwinConfig.sliding_window,
+                      metavar="TOKENS", help="window of the sliding-window layers "
+                      f"(default {TwinConfig.sliding_window})")
+    demo.add_argument("--async-scheduling", action="store_true",
+                      help="vLLM's AsyncScheduler, one step in flight (the GPU default; "
+                           "twin only)")
+    demo.add_argument("--speculative-tokens", dest="num_speculative_tokens", type=int,
+                      default=0, metavar="N", help="draft tokens per step of a "
+                      "draft-model speculator, with N lookahead slots (twin only; default 0)")
     demo.add_argument("--seed", type=int, default=0, help="seed of the workload (default 0)")
     demo.add_argument("--data-dir",
                       help="where the store, decision log and logs go (default: a new "

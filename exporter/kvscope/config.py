@@ -83,6 +83,9 @@ class ServeConfig:
     """PEM certificate (chain): serve HTTPS instead of HTTP (env KVSCOPE_TLS_CERT)."""
     tls_key: str | None = field(default=None, repr=False)
     """PEM private key of that certificate (env KVSCOPE_TLS_KEY)."""
+    hash_key_file: str | None = None
+    """Secret that keys prompt and API-key hashes; default ``<data dir>/hash.key``,
+    generated when absent (env KVSCOPE_HASH_KEY_FILE)."""
     probe_secret: str | None = field(default=None, repr=False)
     """Shared secret of probes and sidecar; tcp endpoints require it (CURVE keys derive from
     it). Environment only, never a flag (env KVSCOPE_PROBE_SECRET)."""
@@ -153,6 +156,8 @@ class ServeConfig:
         for what, path in (("certificate", self.tls_cert), ("key", self.tls_key)):
             if path and not os.path.isfile(path):
                 errors.append(f"TLS {what} {path!r} is not a file")
+        if self.hash_key_file and not os.path.isfile(self.hash_key_file):
+            errors.append(f"hash key file {self.hash_key_file!r} is not a file")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             errors.append(f"log level {self.log_level!r} is not debug/info/warning/error")
         if errors:
@@ -187,6 +192,7 @@ ENV = {
     "loki_tenant": "KVSCOPE_LOKI_TENANT",
     "tls_cert": "KVSCOPE_TLS_CERT",
     "tls_key": "KVSCOPE_TLS_KEY",
+    "hash_key_file": "KVSCOPE_HASH_KEY_FILE",
     "probe_secret": ENV_SECRET,
     "probe_secret_file": ENV_SECRET_FILE,
     "receive_buffer_bytes": "KVSCOPE_RECEIVE_BUFFER_BYTES",

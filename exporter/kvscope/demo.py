@@ -33,6 +33,10 @@ from kvscope.demo_live import LiveView
 from kvscope.demo_workload import PERSONAS, Workload, plan
 from kvscope.twin import TwinConfig
 
+DEFAULT_BLOCKS = {"full": 64, "full+sliding": 128, "sliding": 48, "mamba-hybrid": 64}
+"""Pools that preempt under the demo's load and that vLLM accepts for each layout (with
+either scheduler): every group of a layout takes blocks from the one pool."""
+
 
 def check_port(port: int) -> None:
     """Fail early when the sidecar's port is taken: another kvscope would answer for it."""
@@ -114,6 +118,7 @@ def describe(args: argparse.Namespace, cfg: TwinConfig, engine: Engine, base: st
         f"  pool         {cfg.num_blocks} blocks of {cfg.block_size} tokens, policy "
         f"{cfg.policy}, token budget {cfg.max_num_batched_tokens}/step, at most "
         f"{cfg.max_num_seqs} running",
+        f"  layout       {cfg.layout_summary()}",
         f"  clients      {', '.join(p.client_id for p in PERSONAS if p.reads_sidecar)} read "
         f"/health/preempt-rate; {', '.join(p.client_id for p in PERSONAS if not p.reads_sidecar)}"
         " does not, and sends some prompts twice",
@@ -131,6 +136,16 @@ def make_engine(args: argparse.Namespace, cfg: TwinConfig, endpoint: str,
 
 def validate(args: argparse.Namespace, cfg: TwinConfig) -> list[str]:
     errors = cfg.validate()
+    if args.engine == "vllm":
+        # The CPU build serves the tiny Llama (full attention) and schedules synchronously.
+        twin_only = [flag for flag, on in (
+            (f"--layout {cfg.layout}", cfg.layout != "full"),
+            ("--async-scheduling", cfg.async_scheduling),
+            ("--speculative-tokens", cfg.num_speculative_tokens > 0),
+        ) if on]
+        if twin_only:
+            errors.append(f"{', '.join(twin_only)} needs --engine twin: the CPU vLLM server "
+                          "serves a full-attention model with the synchronous scheduler.")
     if args.requests < 1:
         errors.append(f"--requests must be at least 1, got {args.requests}.")
     if not args.step_ms > 0:
@@ -153,7 +168,12 @@ def _terminate(signum: int, frame: object) -> None:
 def run_demo(args: argparse.Namespace) -> int:
     started = time.monotonic()
     deadline = None if args.duration is None else started + args.duration
-    cfg = TwinConfig(num_blocks=args.blocks, policy=args.policy)
+    blocks = DEFAULT_BLOCKS[args.layout] if args.blocks is None else args.blocks
+    cfg = TwinConfig(
+        num_blocks=blocks, policy=args.policy, layout=args.layout,
+        sliding_window=args.sliding_window, async_scheduling=args.async_scheduling,
+        num_speculative_tokens=args.num_speculative_tokens,
+    )
     errors = validate(args, cfg)
     if errors:
         print("kvscope demo: " + " ".join(errors), file=sys.stderr)

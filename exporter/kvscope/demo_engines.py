@@ -61,8 +61,11 @@ class TwinEngine:
 
         if not plugin.enable(self.endpoint):
             raise DemoError("the probe could not attach to this vLLM")
-        self._server = TwinServer(Twin(self.cfg, seed=self.seed), self.step_s,
-                                  TWIN_MODEL_NAME, self.endpoint)
+        try:
+            twin = Twin(self.cfg, seed=self.seed)
+        except ValueError as exc:  # vLLM's own check of the pool for this layout
+            raise DemoError(str(exc)) from None
+        self._server = TwinServer(twin, self.step_s, TWIN_MODEL_NAME, self.endpoint)
         self._server.start()
         self.url, self.model = self._server.url, TWIN_MODEL_NAME
 

@@ -8,9 +8,6 @@ go to the Distributed table unchanged; its sharding key must be a function of th
 retried batch must land on the same shards for the dedup token to work): the default is
 ``cityHash64(model, engine)``, a file may override it with ``-- kvscope:sharding_key EXPR``.
 
-A migration (``ALTER TABLE {database}.t ...``, idempotent: ``ADD COLUMN IF NOT EXISTS``)
-runs on ``t_local`` and ``t`` in the cluster variant.
-
 ``kvscope schema [--cluster NAME]`` prints the DDL.
 """
 
@@ -33,8 +30,8 @@ _SHARDING = re.compile(r"--\s*kvscope:sharding_key\s+(.+)$", re.MULTILINE)
 _CREATE_TABLE = re.compile(
     r"^CREATE\s+TABLE\s+IF\s+NOT\s+EXISTS\s+(\w+)\.(\w+)\s*(\(.*\))\s*"
     r"ENGINE\s*=\s*MergeTree(?:\(\))?\s+(.*)$", re.IGNORECASE | re.DOTALL)
-_CREATE_DB = re.compile(r"^CREATE\s+DATABASE\s+IF\s+NOT\s+EXISTS\s+(\w+)$", re.IGNORECASE)
 _ALTER_TABLE = re.compile(r"^ALTER\s+TABLE\s+(\w+)\.(\w+)\s+(.*)$", re.IGNORECASE | re.DOTALL)
+_CREATE_DB = re.compile(r"^CREATE\s+DATABASE\s+IF\s+NOT\s+EXISTS\s+(\w+)$", re.IGNORECASE)
 
 
 def sql_files(kind: str) -> list[Traversable]:
@@ -119,10 +116,9 @@ def _on_cluster(stmt: str, cluster: str, sharding: str, source: str) -> list[str
     if m:
         return [f"CREATE DATABASE IF NOT EXISTS {m.group(1)} {on}"]
     m = _ALTER_TABLE.match(stmt)
-    if m:  # a migration: the local tables and the Distributed one alike
+    if m:  # a column added to an existing table: to the local and the Distributed one
         db, name, change = m.groups()
-        return [f"ALTER TABLE {db}.{name}_local {on} {change}",
-                f"ALTER TABLE {db}.{name} {on} {change}"]
+        return [f"ALTER TABLE {db}.{t} {on} {change}" for t in (f"{name}_local", name)]
     m = _CREATE_TABLE.match(stmt)
     if not m:
         raise ValueError(f"{source}: no cluster variant for statement {stmt[:60]!r}...")

@@ -9,6 +9,7 @@ goes to stderr with the progress).
   kvscope whatif --policy fcfs,priority --max-seqs 16,32 --format csv
   kvscope whatif --setting small=block_size:16,kv_tokens:1536 --setting big=blocks:96
   kvscope whatif --replay traces.jsonl --block-size 16,32 --kv-bytes 1.5MiB
+  kvscope whatif --layout full+sliding --sliding-window 64,256 --blocks 96,128
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from kvscope.twin.config import LAYOUTS
 from kvscope.twin.workload import TwinRequest, WorkloadSpec, generate
 from kvscope.whatif_measure import Measurement, measure
 from kvscope.whatif_replay import ReplayError, load
@@ -37,6 +39,10 @@ _AXIS_HELP = {
     "budget": "token budget per step, max_num_batched_tokens (default 512)",
     "policy": "fcfs or priority (default fcfs)",
     "prefix_caching": "on or off (default on)",
+    "layout": f"the model's KV layout: {', '.join(LAYOUTS)} (default full)",
+    "sliding_window": "tokens a sliding-window layer attends to (default 128)",
+    "async_scheduling": "on: vLLM's AsyncScheduler, one step in flight (default off)",
+    "spec_tokens": "draft tokens per step of a draft-model speculator (default 0)",
 }
 # WorkloadSpec field -> (flag, type, help); ranges are LOW:HIGH.
 _MIX = {
@@ -231,6 +237,20 @@ def compare(p: Plan, *, seed: int, max_steps: int | None = None,
     return Report(p.workload, columns, p.notes)
 
 
+def refusals(settings: list[Setting]) -> list[str]:
+    """Settings vLLM would not start with (its own check of the pool for the layout, as a
+    server runs it at start), one line each; building a scheduler takes milliseconds."""
+    from kvscope.twin.scheduler import build_scheduler
+
+    out = []
+    for setting in settings:
+        try:
+            build_scheduler(setting.config)
+        except ValueError as exc:
+            out.append(f"setting {setting.name}: {exc}")
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     """``kvscope whatif``; 0 when done, 2 on bad arguments, 1 when a run failed."""
     work, errors = plan(args)
@@ -244,6 +264,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"{len(work.settings)} settings x {len(work.requests)} requests; loading "
               "vLLM's scheduler...", file=sys.stderr, flush=True)
     try:
+        refused = refusals(work.settings)
+        if refused:
+            print("kvscope whatif: vLLM refuses these settings:\n  - " + "\n  - ".join(refused),
+                  file=sys.stderr)
+            return 2
         report = compare(work, seed=args.seed, max_steps=args.max_steps, progress=progress)
     except ImportError as exc:
         print(f"kvscope whatif: needs vLLM importable (pip install 'kvscope[vllm]'): {exc}",

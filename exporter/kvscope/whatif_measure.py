@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 
 from kvscope.twin.config import TwinConfig
 from kvscope.twin.workload import TwinRequest
-from kvscope_probe import wire
 
 StepProgress = Callable[[int, int], None]
 """Called after every step with (steps so far, preemptions so far)."""
@@ -101,45 +100,35 @@ def measure(
     from kvscope.sidecar.hub import Hub
     from kvscope.sidecar.requests import RequestTracker
     from kvscope.sinks.rows import RequestTrace
-    from kvscope.twin.engine import Twin
-    from kvscope_probe import plugin
-    from kvscope_probe.recorder import Recorder
-    from kvscope_probe.sender import take_batch
+    from kvscope.twin.probed import ProbedTwin
 
     started = time.perf_counter()
-    if not plugin.enable(None):
-        raise RuntimeError("the kvscope probe cannot attach to this vLLM")
-    twin = Twin(cfg, seed=seed)
-    # A ring that never fills and one keyframe: every later step is exact op replay.
-    rec = Recorder(twin.scheduler, ring_size=1 << 20, keyframe_interval_s=1e9)
-    plugin.bind(twin.scheduler, rec)
-    rec.push(("hello", rec.hello))
-    hub = Hub()
     blocks_held: list[int] = []
 
     def on_row(row: object) -> None:
         if isinstance(row, RequestTrace):
             blocks_held.append(row.allocated_blocks)
 
+    hub = Hub()
     hub.listeners.append(RequestTracker(on_row).on_event)
+    # A ring that never fills and one keyframe: every later step is exact op replay.
+    probed = ProbedTwin(cfg, seed=seed, keyframe_interval_s=1e9, hub=hub)
     waste = _TailWaste()
     seen = {"preemptions": 0}
 
     def after_step(index: int, out: object) -> None:
-        while rec.ring:
-            if not hub.accept(wire.encode(take_batch(rec))):
-                raise RuntimeError(f"the sidecar hub refused a frame at step {index}")
-        led = hub.engines[rec.hello.engine].ledger
+        led = probed.state.ledger
         if led.synced:
             waste.sample(led.tail_waste_tokens(), led.used * cfg.block_size)
         seen["preemptions"] += len(out.preempted_req_ids)  # type: ignore[attr-defined]
         if on_step is not None:
             on_step(index + 1, seen["preemptions"])
 
-    result = twin.run(requests, on_step=after_step, max_steps=max_steps)
-    st = hub.engines.get(rec.hello.engine)
+    result = probed.run(requests, on_step=after_step, max_steps=max_steps)
+    st = hub.engines.get(probed.engine)
     if st is None:
         raise RuntimeError("the twin took no step: the workload is empty")
+    twin, rec = probed.twin, probed.rec
     c, ex = st.counters, st.extremes
     return Measurement(
         requests=len(requests),

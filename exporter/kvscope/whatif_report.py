@@ -34,6 +34,9 @@ def record(s: Setting, m: Measurement) -> dict[str, Any]:
         "num_blocks": c.num_blocks, "usable_kv_tokens": (c.num_blocks - 1) * c.block_size,
         "max_num_seqs": c.max_num_seqs, "max_num_batched_tokens": c.max_num_batched_tokens,
         "policy": c.policy, "prefix_caching": c.enable_prefix_caching,
+        "layout": c.layout, "sliding_window": c.sliding_window,
+        "async_scheduling": c.async_scheduling,
+        "num_speculative_tokens": c.num_speculative_tokens,
         "requests": m.requests, "finished": m.finished,
         "preemptions": m.preemptions_total,
         **{f"preemptions_{k}": v for k, v in sorted(m.preemptions.items())},
@@ -65,6 +68,10 @@ ROWS: list[Row] = [
     ("token budget per step", lambda r: str(r["max_num_batched_tokens"])),
     ("policy", lambda r: r["policy"]),
     ("prefix caching", lambda r: "on" if r["prefix_caching"] else "off"),
+    ("KV layout", lambda r: r["layout"] + (f" ({r['sliding_window']})" if "sliding"
+                                           in r["layout"] else "")),
+    ("scheduler", lambda r: ("async" if r["async_scheduling"] else "sync")
+     + (f" +{r['num_speculative_tokens']} drafts" if r["num_speculative_tokens"] else "")),
     ("", lambda r: ""),
     ("preemptions", lambda r: str(r["preemptions"])),
     ("  kv_full", lambda r: str(r["preemptions_kv_full"])),

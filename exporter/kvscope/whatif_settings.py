@@ -5,7 +5,8 @@ one of ``blocks`` (null block included, as ``--num-gpu-blocks-override``), ``kv_
 (``blocks = kv_tokens // block_size``) or ``kv_bytes`` (``blocks = kv_bytes //
 (bytes_per_token * block_size)``). The last two size the pool as vLLM does from KV memory:
 the null block comes out of the same memory, so comparing block sizes at one ``kv_tokens``
-is fair.
+is fair. ``kv_bytes`` sizes the tiny Llama's full-attention pool; other layouts are sized
+in ``blocks`` or ``kv_tokens`` (their groups share the pool, vLLM plans how).
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kvscope.localvllm.tinymodel import llama_config
-from kvscope.twin.config import POLICIES, TwinConfig
+from kvscope.twin.config import LAYOUTS, POLICIES, TwinConfig
 
 CAPACITY_KEYS = ("blocks", "kv_tokens", "kv_bytes")
-KEYS = ("block_size", *CAPACITY_KEYS, "max_seqs", "budget", "policy", "prefix_caching")
+KEYS = ("block_size", *CAPACITY_KEYS, "max_seqs", "budget", "policy", "prefix_caching",
+        "layout", "sliding_window", "async_scheduling", "spec_tokens")
 MAX_SETTINGS = 32
 _BOOLS = {"on": True, "true": True, "yes": True, "1": True,
           "off": False, "false": False, "no": False, "0": False}
@@ -59,6 +61,22 @@ def _policy(text: str) -> str:
     return text
 
 
+def _layout(text: str) -> str:
+    if text not in LAYOUTS:
+        raise ValueError(f"must be one of {', '.join(LAYOUTS)}, got {text!r}")
+    return text
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"must be a whole number, got {text!r}")
+    return value
+
+
 def _bool(text: str) -> bool:
     if text.lower() not in _BOOLS:
         raise ValueError(f"must be on or off, got {text!r}")
@@ -68,7 +86,8 @@ def _bool(text: str) -> bool:
 PARSERS: dict[str, Callable[[str], Any]] = {
     "block_size": _positive, "blocks": _positive, "kv_tokens": _positive,
     "kv_bytes": parse_bytes, "max_seqs": _positive, "budget": _positive,
-    "policy": _policy, "prefix_caching": _bool,
+    "policy": _policy, "prefix_caching": _bool, "layout": _layout,
+    "sliding_window": _positive, "async_scheduling": _bool, "spec_tokens": _count,
 }
 
 
@@ -94,8 +113,15 @@ def _config(raw: dict[str, str], base: TwinConfig, bytes_per_token: int,
         return None
     cfg = replace(base, block_size=values["block_size"], max_num_seqs=values["max_seqs"],
                   max_num_batched_tokens=values["budget"], policy=values["policy"],
-                  enable_prefix_caching=values["prefix_caching"])
+                  enable_prefix_caching=values["prefix_caching"], layout=values["layout"],
+                  sliding_window=values["sliding_window"],
+                  async_scheduling=values["async_scheduling"],
+                  num_speculative_tokens=values["spec_tokens"])
     (key, amount), = ((k, values[k]) for k in CAPACITY_KEYS if k in values)
+    if key == "kv_bytes" and cfg.layout != "full":
+        errors.append(f"{where}: kv_bytes sizes a full-attention pool; give blocks or "
+                      f"kv_tokens for layout {cfg.layout}")
+        return None
     per_block = {"blocks": 0, "kv_tokens": 1, "kv_bytes": bytes_per_token}[key] * cfg.block_size
     blocks = amount // per_block if per_block else amount
     problems = replace(cfg, num_blocks=blocks).validate()
@@ -147,7 +173,10 @@ def build(axes: dict[str, list[str]], named: list[str], *, max_model_len: int,
     axes = {k: _valid(k, v, errors) for k, v in axes.items()}
     defaults = {"block_size": str(base.block_size), "max_seqs": str(base.max_num_seqs),
                 "budget": str(base.max_num_batched_tokens), "policy": base.policy,
-                "prefix_caching": "on" if base.enable_prefix_caching else "off"}
+                "prefix_caching": "on" if base.enable_prefix_caching else "off",
+                "layout": base.layout, "sliding_window": str(base.sliding_window),
+                "async_scheduling": "on" if base.async_scheduling else "off",
+                "spec_tokens": str(base.num_speculative_tokens)}
     given = [k for k in CAPACITY_KEYS if axes.get(k)]
     if len(given) > 1:
         errors.append("give one of --blocks, --kv-tokens, --kv-bytes; got "

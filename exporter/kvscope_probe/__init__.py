@@ -1,8 +1,8 @@
 """kvscope's probe: the code that runs inside vLLM, and the wire contract.
 
 Its own light distribution (``kvscope-probe``), depending only on what vLLM installs
-(msgspec, pyzmq), so a vLLM image gets it with ``pip install --target DIR`` and
-``PYTHONPATH=DIR``. It imports nothing from ``kvscope`` (the sidecar).
+(msgspec, pyzmq), so a vLLM image gets it with ``pip install --no-deps --target DIR``
+and ``PYTHONPATH=DIR``. It imports nothing from ``kvscope`` (the sidecar).
 
 - ``plugin``: the ``vllm.general_plugins`` entry point; ``hooks``: the wrappers around
   vLLM's scheduler and block pool; ``recorder``: the per-scheduler step record (engine

@@ -5,14 +5,22 @@ every exception of its own: the probe never raises into vLLM. A class attribute
 ``_kvscope = None`` makes the "not recording" path a plain attribute read.
 
 Observed:
-- ``Scheduler.schedule`` (per-step record), ``_preempt_request`` (facts before the
+- ``Scheduler.__init__`` (attach at once), ``schedule`` (per-step record),
+  ``_preempt_request`` (facts before the
   blocks are freed), ``add_request`` (arrival), ``_free_request`` (finish / abort);
 - ``BlockPool.get_new_blocks``, ``touch``, ``free_blocks``, ``unpin_blocks``: the only
   four methods that move a block between free and used; ``evict_blocks`` and
   ``reset_prefix_cache`` change whether a free block still holds prefix-cache data;
 - ``KVCacheCoordinator.get_num_blocks_to_allocate``: how many blocks the allocation
   that is about to fail needs; wrapped per instance, only while the pool is low
-  (``Recorder.watch_need``).
+  (``Recorder.watch_need``);
+- ``SingleTypeKVCacheManager._remove_blocks_in_range`` (and its overrides): a sliding
+  window (or a Mamba group) replacing a request's blocks by the null block; it only sets
+  which table the ``free_blocks`` call inside it concerns. Full attention never calls it.
+
+Time spent in the handlers the wrappers call is added to ``Recorder.wrap_ns`` and
+reported with the next step; the call layers themselves and the blocks-needed hook are
+not timed (a clock read costs more than they do); benchmarks/ measures them.
 """
 
 from __future__ import annotations
@@ -39,6 +47,8 @@ OPTIONAL = {
     "vllm.v1.core.sched.scheduler:Scheduler": ("add_request", "_free_request"),
     "vllm.v1.core.block_pool:BlockPool": ("evict_blocks", "reset_prefix_cache"),
     "vllm.v1.core.kv_cache_coordinator:KVCacheCoordinator": ("get_num_blocks_to_allocate",),
+    "vllm.v1.core.single_type_kv_cache_manager:SingleTypeKVCacheManager": (
+        "_remove_blocks_in_range",),
 }
 
 
@@ -68,10 +78,12 @@ def _before(orig: Callable[..., Any], handler: str) -> Callable[..., Any]:
     def wrapper(self: Any, arg: Any, *args: Any, **kwargs: Any) -> Any:
         rec = self._kvscope
         if rec is not None and rec.enabled:
+            t = _now_ns()
             try:
                 getattr(rec, handler)(arg)
             except Exception as exc:  # noqa: BLE001
                 rec.fault(orig.__name__, exc)
+            rec.wrap_ns += _now_ns() - t
         return orig(self, arg, *args, **kwargs)
 
     return wrapper
@@ -88,10 +100,12 @@ def _after(orig: Callable[..., Any], handler: str, *, result: bool) -> Callable[
         if not result:
             arg = list(arg)
         ret = orig(self, arg, *args, **kwargs)
+        t = _now_ns()
         try:
             getattr(rec, handler)(ret if result else arg)
         except Exception as exc:  # noqa: BLE001
             rec.fault(orig.__name__, exc)
+        rec.wrap_ns += _now_ns() - t
         return ret
 
     return wrapper
@@ -99,6 +113,19 @@ def _after(orig: Callable[..., Any], handler: str, *, result: bool) -> Callable[
 
 def _scheduler_hooks(cls: Any, attach: Callable[[Any], Recorder | None]) -> None:
     o_schedule = cls.schedule
+    o_init = cls.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        o_init(self, *args, **kwargs)
+        # Attach as soon as the engine has a scheduler, not at its first step: an engine
+        # that has served nothing yet says hello and sends heartbeats, so the sidecar
+        # (and a pod's readiness) sees it before any traffic.
+        try:
+            attach(self)
+        except Exception:  # noqa: BLE001 - attach contains its own errors; never raise here
+            pass
+
+    cls.__init__ = __init__
 
     def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
         rec = self._kvscope
@@ -152,17 +179,21 @@ def _pool_hooks(cls: Any) -> None:
         rec = self._kvscope
         if rec is None or not rec.enabled:
             return o_touch(self, blocks)
+        t = _now_ns()
         try:  # blocks leaving the free queue: ref_cnt 0 before the touch
             taken = [b for b in blocks if b.ref_cnt == 0 and not b.is_null]
         except Exception as exc:  # noqa: BLE001
             rec.fault("touch", exc)
             taken = []
+        t1 = _now_ns()
         ret = o_touch(self, blocks)
+        t2 = _now_ns()
         if taken:
             try:
                 rec.on_alloc(taken)
             except Exception as exc:  # noqa: BLE001
                 rec.fault("touch", exc)
+        rec.wrap_ns += _now_ns() - t2 + t1 - t
         return ret
 
     cls.touch = touch
@@ -188,6 +219,36 @@ def _pool_hooks(cls: Any) -> None:
     cls._kvscope = None
 
 
+def _nulling(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark the table whose blocks ``orig`` replaces by the null block and frees."""
+
+    def _remove_blocks_in_range(self: Any, request_id: Any, *args: Any, **kwargs: Any) -> Any:
+        rec = self.block_pool._kvscope
+        if rec is None or not rec.enabled:
+            return orig(self, request_id, *args, **kwargs)
+        outer = rec.null_ctx
+        rec.null_ctx = (request_id, self.kv_cache_group_id)
+        try:
+            return orig(self, request_id, *args, **kwargs)
+        finally:
+            rec.null_ctx = outer
+
+    return _remove_blocks_in_range
+
+
+def _manager_hooks(base: Any) -> None:
+    """Wrap ``_remove_blocks_in_range`` on the base manager and every override of it."""
+    todo, seen = [base], set()
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        todo += cls.__subclasses__()
+        if callable(cls.__dict__.get("_remove_blocks_in_range")):
+            cls._remove_blocks_in_range = _nulling(cls.__dict__["_remove_blocks_in_range"])
+
+
 def install(attach: Callable[[Any], Recorder | None]) -> list[str]:
     """Patch vLLM's classes once; return the optional hooks that were not found."""
     sched_cls = _resolve("vllm.v1.core.sched.scheduler:Scheduler")
@@ -202,6 +263,9 @@ def install(attach: Callable[[Any], Recorder | None]) -> list[str]:
             continue
         absent += [f"{path}.{n}" for n in names if not callable(getattr(cls, n, None))]
     _pool_hooks(_resolve("vllm.v1.core.block_pool:BlockPool"))
+    managers = "vllm.v1.core.single_type_kv_cache_manager:SingleTypeKVCacheManager"
+    if not any(a.startswith(managers) for a in absent):
+        _manager_hooks(_resolve(managers))
     _scheduler_hooks(sched_cls, attach)
     sched_cls._kvscope_installed = True
     return absent

@@ -7,12 +7,18 @@ Enable it with vLLM's own option and the probe's endpoint::
         --middleware kvscope_probe.middleware.KVScopeMiddleware
 
 For ``POST /v1/completions`` and ``/v1/chat/completions`` it reads the User-Agent, a
-client-id header (``KVSCOPE_CLIENT_ID_HEADER``, default ``x-client-id``) and a hash of the
-bearer API key; hashes the prompt (the text is never stored or sent); sets
-``X-Request-Id`` to a fresh ``kvs<32 hex>`` so the engine's request IDs embed it (vLLM
-0.32 forms ``cmpl-<id>-<i>-<8 hex>`` and ``chatcmpl-<id>-<8 hex>``); and sends a start and
-an end event to the sidecar. A request whose body cannot be read as JSON, or any error of
-kvscope's own, passes through untouched: kvscope being down never fails a request.
+client-id header (``KVSCOPE_CLIENT_ID_HEADER``, default ``x-client-id``), a digest of the
+bearer API key and a digest of the prompt (the text is never stored or sent; the sidecar
+keys both digests before it keeps anything), and sends a start and an end event to the
+sidecar. A request whose body cannot be read as JSON, or any error of kvscope's own,
+passes through untouched: kvscope being down never fails a request.
+
+The request's ID is the caller's. vLLM 0.32 takes the first ``X-Request-Id`` header as it
+is (Starlette decodes it as latin-1; an empty value counts), else the body's
+``request_id``; only when neither is there does the middleware set ``X-Request-Id:
+kvs<32 hex>``. vLLM then forms engine request IDs ``cmpl-<id>-<i>-<8 hex>`` (completions;
+i = prompt index) and ``chatcmpl-<id>-<8 hex>`` (chat), ``<k>_`` in front for each of n > 1
+samples, which is what the sidecar parses back (``kvscope.sidecar.clients``).
 """
 
 from __future__ import annotations
@@ -32,22 +38,40 @@ log = logging.getLogger("kvscope.middleware")
 
 PATHS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 MAX_BODY = 16 << 20  # larger bodies pass through unhashed
+MAX_REQUEST_ID = 128
+"""Longer caller IDs are joined on their digest (``request_key``)."""
 ENV_HEADER = "KVSCOPE_CLIENT_ID_HEADER"
 
 
-def _hash(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()[:16]
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
-def prompt_fingerprint(endpoint: str, body: dict[str, Any]) -> tuple[str, int]:
-    """(hash, length in characters of its canonical form) of the prompt or messages."""
+def request_key(request_id: str) -> str:
+    """The bounded form of a request ID that start events carry and joins use."""
+    if len(request_id) <= MAX_REQUEST_ID:
+        return request_id
+    return "sha256:" + sha256_hex(request_id.encode("utf-8", "surrogatepass"))
+
+
+def prompt_digest(endpoint: str, body: dict[str, Any]) -> tuple[str, int]:
+    """(SHA-256 hex, length in characters) of the canonical form of the prompt or messages."""
     if endpoint == "chat":
         msgs = body.get("messages") or []
         part: Any = [[m.get("role"), m.get("content")] for m in msgs if isinstance(m, dict)]
     else:
         part = body.get("prompt")
     text = json.dumps(part, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return _hash(text.encode()), len(text)
+    return sha256_hex(text.encode()), len(text)
+
+
+def caller_request_id(headers: list[tuple[bytes, bytes]], body: dict[str, Any]) -> str | None:
+    """The ID vLLM will use for this request, as vLLM 0.32 picks it; None: none chosen."""
+    for name, value in headers:
+        if name.lower() == b"x-request-id":
+            return value.decode("latin-1")
+    rid = body.get("request_id")
+    return rid if isinstance(rid, str) else None
 
 
 class KVScopeMiddleware:
@@ -84,8 +108,8 @@ class KVScopeMiddleware:
             nxt = next(replay, None)
             return nxt if nxt is not None else await receive()
 
-        rid, started = self._start(scope, endpoint, body, more)
-        if rid is None:
+        call = self._start(scope, endpoint, body, more)
+        if call is None:
             await self.app(scope, replay_receive, send)
             return
         status = {"code": 500}
@@ -95,50 +119,56 @@ class KVScopeMiddleware:
                 status["code"] = int(message.get("status", 0))
             await send(message)
             if message["type"] == "http.response.body" and not message.get("more_body"):
-                self._end(rid, status["code"], started)
+                self._end(call, status["code"])
 
         try:
             await self.app(scope, replay_receive, observed_send)
         except BaseException:
-            self._end(rid, 500, started)
+            self._end(call, 500)
             raise
 
     def _start(self, scope: dict[str, Any], endpoint: str, body: bytes,
-               truncated: bool) -> tuple[str | None, float]:
+               truncated: bool) -> _Call | None:
         started = time.perf_counter()
         try:
             if truncated:
-                return None, started
+                return None
             data = json.loads(body or b"{}")
             if not isinstance(data, dict):
-                return None, started
-            headers = dict(scope.get("headers") or [])
-            rid = f"kvs{uuid.uuid4().hex}"
-            scope["headers"] = [(k, v) for k, v in scope.get("headers") or []
-                                if k.lower() != b"x-request-id"] + [(b"x-request-id", rid.encode())]
+                return None
+            raw_headers = list(scope.get("headers") or [])
+            headers = {k.lower(): v for k, v in reversed(raw_headers)}  # first one wins
+            call_id = f"kvs{uuid.uuid4().hex}"
+            rid = caller_request_id(raw_headers, data)
+            if rid is None:  # nobody chose one: vLLM would draw a random one we cannot see
+                rid = call_id
+                scope["headers"] = raw_headers + [(b"x-request-id", rid.encode())]
             auth = headers.get(b"authorization", b"")
             key = auth[7:].strip() if auth[:7].lower() == b"bearer " else b""
-            phash, plen = prompt_fingerprint(endpoint, data)
+            digest, chars = prompt_digest(endpoint, data)
             max_tokens = data.get("max_tokens", data.get("max_completion_tokens"))
+            call = _Call(request_key(rid), call_id, started)
             assert self.emitter is not None
             self.emitter.emit(wire.ClientStart(
-                request_id=rid, ts=time.time(), endpoint=endpoint,
+                request_id=call.request_id, ts=time.time(), endpoint=endpoint,
                 model=str(data.get("model", ""))[:128],
                 client_id=headers.get(self.header, b"").decode(errors="replace")[:128],
                 user_agent=headers.get(b"user-agent", b"").decode(errors="replace")[:200],
-                api_key_hash=_hash(key) if key else "",
-                prompt_hash=phash, prompt_chars=plen,
-                max_tokens=int(max_tokens) if isinstance(max_tokens, int) else -1))
-            return rid, started
+                api_key_sha256=sha256_hex(key) if key else "",
+                prompt_sha256=digest, prompt_chars=chars,
+                max_tokens=int(max_tokens) if isinstance(max_tokens, int) else -1,
+                call_id=call_id))
+            return call
         except Exception as exc:  # noqa: BLE001 - never fail a request over kvscope
             self._error(exc)
-            return None, started
+            return None
 
-    def _end(self, rid: str, status: int, started: float) -> None:
+    def _end(self, call: _Call, status: int) -> None:
         try:
             assert self.emitter is not None
-            self.emitter.emit(wire.ClientEnd(rid, time.time(), status,
-                                             time.perf_counter() - started))
+            self.emitter.emit(wire.ClientEnd(call.request_id, time.time(), status,
+                                             time.perf_counter() - call.started,
+                                             call.call_id))
         except Exception as exc:  # noqa: BLE001
             self._error(exc)
 
@@ -146,3 +176,14 @@ class KVScopeMiddleware:
         self.errors += 1
         if self.errors == 1:
             log.warning("kvscope middleware: contained an error: %r", exc)
+
+
+class _Call:
+    """One HTTP call the middleware reported the start of."""
+
+    __slots__ = ("request_id", "call_id", "started")
+
+    def __init__(self, request_id: str, call_id: str, started: float) -> None:
+        self.request_id = request_id
+        self.call_id = call_id
+        self.started = started

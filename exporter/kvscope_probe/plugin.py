@@ -26,7 +26,10 @@ from typing import Any
 log = logging.getLogger("kvscope_probe")
 
 ENV_ENDPOINT = "KVSCOPE_PROBE_ENDPOINT"
+TESTED_VLLM = ("0.32", "0.33")
+"""vLLM minor versions kvscope is tested against (the twin on both, servers on 0.32)."""
 _lock = threading.Lock()
+_version_noted = False
 _senders: list[Any] = []
 _endpoint: str | None = None
 
@@ -69,7 +72,7 @@ def attach(sched: Any) -> Any:
                 ring_size=_int_env("KVSCOPE_PROBE_RING", 8192),
                 keyframe_interval_s=_float_env("KVSCOPE_PROBE_KEYFRAME_S", 5.0),
             )
-            rec.push(("hello", rec.hello))
+            rec.push(rec.hello)
             sender = Sender(
                 rec,
                 str(_endpoint),
@@ -104,6 +107,30 @@ def register() -> None:
         enable(endpoint)
 
 
+def version_warning(version: str) -> str | None:
+    """The log line for a vLLM outside ``TESTED_VLLM``; None inside it."""
+    if ".".join(version.split(".")[:2]) in TESTED_VLLM:
+        return None
+    return (
+        f"kvscope probe: vLLM {version} is outside the tested range "
+        f"({TESTED_VLLM[0]} to {TESTED_VLLM[-1]}); recording anyway, since the methods it "
+        "hooks exist; if kvscope_ledger_mismatches_total grows, its figures are not exact"
+    )
+
+
+def _note_version() -> None:
+    """Log ``version_warning`` once per process."""
+    global _version_noted
+    if _version_noted:
+        return
+    _version_noted = True
+    import vllm
+
+    line = version_warning(str(getattr(vllm, "__version__", "unknown")))
+    if line is not None:
+        log.warning(line)
+
+
 def enable(endpoint: str | None) -> bool:
     """Patch vLLM and record every scheduler to ``endpoint`` (None: only schedulers
     bound by hand with ``bind``). Returns whether the hooks are in place."""
@@ -115,10 +142,12 @@ def enable(endpoint: str | None) -> bool:
         missing = hooks.missing_members()
         if missing:
             log.warning(
-                "kvscope probe disabled: this vLLM lacks %s; kvscope needs vLLM V1 (0.32)",
+                "kvscope probe disabled: this vLLM lacks %s; kvscope is tested on vLLM %s",
                 ", ".join(missing),
+                " and ".join(TESTED_VLLM),
             )
             return False
+        _note_version()
         absent = hooks.install(attach)
         if absent:
             log.info("kvscope probe: optional hooks unavailable: %s", ", ".join(absent))

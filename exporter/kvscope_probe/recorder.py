@@ -1,8 +1,11 @@
 """Per-scheduler state of the probe, touched only by vLLM's engine thread.
 
-The engine thread appends plain tuples to a bounded ring and keeps a one-byte-per-block
-mirror of the pool up to date from the four BlockPool wrappers; it never encodes, sends
-or blocks. The sender thread (``sender.py``) turns ring entries into wire records.
+At the end of every ``schedule()`` the engine thread copies what the step changed into
+one columnar ``wire.Step`` (bulk copies of vLLM's lists and dicts, no struct per
+request) and appends it to a ring bounded in entries and bytes. It keeps no reference to
+vLLM's ``SchedulerOutput``: on one GPU the model runner lives in this process and
+extends that output's block lists in place after ``schedule()`` returns. It never
+encodes, sends or blocks; the sender thread (``sender.py``) does.
 """
 
 from __future__ import annotations
@@ -12,16 +15,19 @@ import os
 import time
 import uuid
 from collections import deque
+from itertools import compress
 from typing import Any
 
 from kvscope_probe import wire
 from kvscope_probe.identity import engine_identity
+from kvscope_probe.mirror import PoolMirror
 from kvscope_probe.reasons import classify
 
 log = logging.getLogger("kvscope_probe")
 
 _now_ns = time.perf_counter_ns
 _wall = time.time
+_mono = time.monotonic
 
 MAX_FAULTS = 1000  # contained exceptions before the probe switches itself off
 FORCED_KEYFRAME_GAP_S = 0.2
@@ -30,21 +36,32 @@ every send fails; one keyframe per step would cost the engine thread a copy of t
 tables on every step for as long as the outage lasts."""
 
 
+RING_BYTES = 64 << 20
+"""Default bound of the ring in (estimated) bytes, beside its bound in entries."""
+STEP_BYTES = 256
+REQ_BYTES = 96  # a scheduled request: its ID twice, a token count, a computed count
+BLOCK_BYTES = 9
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class Recorder:
+class Recorder(PoolMirror):
     """Records one Scheduler and its BlockPool; created on the first hook call."""
 
-    def __init__(self, sched: Any, *, ring_size: int, keyframe_interval_s: float) -> None:
+    def __init__(self, sched: Any, *, ring_size: int, keyframe_interval_s: float,
+                 ring_bytes: int = RING_BYTES) -> None:
         mgr = sched.kv_cache_manager
         self.sched = sched
         self.mgr = mgr
-        self.pool = mgr.block_pool
+        super().__init__(mgr.block_pool)
         self.enabled = True
-        self.ring: deque[tuple[int, tuple[Any, ...]]] = deque()
+        self.ring: deque[tuple[int, wire.Record, int]] = deque()
         self.ring_size = ring_size
+        self.ring_bytes = ring_bytes
+        self.pushed_bytes = 0  # written by the engine thread only
+        self.popped_bytes = 0  # written by the sender thread only
         self.seq = 0
         self.ring_dropped = 0
         self.send_dropped = 0  # written by the sender thread only
@@ -53,7 +70,8 @@ class Recorder:
         self.keyframe_interval_ns = int(keyframe_interval_s * 1e9)
         self.next_keyframe_ns = 0
         self.next_forced_ns = 0
-        self.ops: list[tuple[int, list[int]]] = []
+        self.wrap_ns = 0  # engine-thread time in the wrappers since the last step
+        self.last_step_mono = -1.0  # time.monotonic() of the last step, for heartbeats
         self.arrivals: list[wire.Arrival] = []
         self.ends: list[wire.End] = []
         self.preemptions: list[wire.Preemption] = []
@@ -64,7 +82,8 @@ class Recorder:
         self.last_probe_ns = 0
         self.hello = self._hello(sched)
         self.group_block_sizes = [g.block_size for g in self.hello.kv_groups]
-        self.states = self._scan_states()
+        self.kv_holding = getattr(sched, "kv_holding_waiting", None)
+        self.spec_prev: list[str] = []
         self.policy = self.hello.policy
         # No allocation in a step can fail while more blocks are free than the step can
         # take: each scheduled request gets at most cdiv(its new tokens, block size) + 1
@@ -109,27 +128,19 @@ class Recorder:
             started=ident.started,
         )
 
-    def _scan_states(self) -> bytearray:
-        """One full scan of the pool: at attach time and after a contained fault only."""
-        states = bytearray(len(self.pool.blocks))
-        for b in self.pool.blocks:
-            if b.is_null:
-                states[b.block_id] = wire.STATE_NULL
-            elif b.ref_cnt > 0:
-                states[b.block_id] = wire.STATE_USED
-            elif b.block_hash is not None and self.pool.enable_caching:
-                states[b.block_id] = wire.STATE_CACHED
-        return states
-
     # -- ring -------------------------------------------------------------------
-    def push(self, item: tuple[Any, ...]) -> None:
+    def push(self, item: wire.Record, size: int = STEP_BYTES) -> None:
+        """Append one record of about ``size`` bytes, or drop it (counted) when the ring
+        is full in entries or bytes."""
         seq = self.seq
         self.seq = seq + 1
-        if len(self.ring) >= self.ring_size:
+        if (len(self.ring) >= self.ring_size
+                or self.pushed_bytes - self.popped_bytes + size > self.ring_bytes):
             self.ring_dropped += 1
             self.want_keyframe = True
             return
-        self.ring.append((seq, item))
+        self.pushed_bytes += size
+        self.ring.append((seq, item, size))
 
     def watch_need(self, free_blocks: int) -> None:
         """Watch ``KVCacheCoordinator.get_num_blocks_to_allocate`` on this coordinator only
@@ -152,6 +163,8 @@ class Recorder:
         rec = self
 
         def get_num_blocks_to_allocate(*args: Any, **kwargs: Any) -> Any:
+            # Not timed: two clock reads would cost more than this store, once per
+            # scheduled request (the benchmarks measure this hook's cost instead).
             n = o_need(coord, *args, **kwargs)
             rec.need = (kwargs["request_id"] if "request_id" in kwargs else args[0], n)
             return n
@@ -172,47 +185,6 @@ class Recorder:
         if self.faults >= MAX_FAULTS and self.enabled:
             self.enabled = False
             log.warning("kvscope probe: %d contained errors, recording switched off", self.faults)
-
-    # -- block pool ---------------------------------------------------------------
-    def on_alloc(self, blocks: Any) -> None:
-        ids = [b.block_id for b in blocks]
-        if ids:
-            st = self.states
-            for i in ids:
-                st[i] = wire.STATE_USED
-            self.ops.append((wire.OP_ALLOC, ids))
-
-    def on_free(self, blocks: Any) -> None:
-        plain: list[int] = []
-        cached: list[int] = []
-        caching = self.pool.enable_caching
-        pool = self.pool
-        for b in blocks:
-            if b.ref_cnt == 0 and not b.is_null and (b.pool is None or b.pool is pool):
-                (cached if caching and b.block_hash is not None else plain).append(b.block_id)
-        st = self.states
-        if plain:
-            for i in plain:
-                st[i] = wire.STATE_FREE
-            self.ops.append((wire.OP_FREE, plain))
-        if cached:
-            for i in cached:
-                st[i] = wire.STATE_CACHED
-            self.ops.append((wire.OP_FREE_CACHED, cached))
-
-    def on_uncache(self, block_ids: Any) -> None:
-        st = self.states
-        ids = [i for i in block_ids if st[i] == wire.STATE_CACHED]
-        for i in ids:
-            st[i] = wire.STATE_FREE
-        if ids:
-            self.ops.append((wire.OP_UNCACHE, ids))
-
-    def on_uncache_all(self) -> None:
-        self.states = bytearray(
-            wire.STATE_FREE if s == wire.STATE_CACHED else s for s in self.states
-        )
-        self.ops.append((wire.OP_UNCACHE_ALL, []))
 
     # -- scheduler ------------------------------------------------------------------
     def on_arrival(self, req: Any) -> None:
@@ -246,6 +218,10 @@ class Recorder:
         need = self.need if self.in_schedule else None
         requester = need[0] if need else None
         needed = need[1] if need else None
+        if needed is not None and not 0 <= needed <= self.hello.num_blocks:
+            # A count no pool could give: a manager's sentinel (HiSparse answers
+            # num_gpu_blocks + 1 when its host pool is short), not a real need.
+            needed = None
         requester_req = self.sched.requests.get(requester) if requester else None
         requester_prio = int(requester_req.priority) if requester_req is not None else None
         victim_blocks = sum(len(g) for g in self.mgr.get_block_ids(victim))
@@ -286,36 +262,59 @@ class Recorder:
         return sum(_cdiv(n, bs) for bs in self.group_block_sizes), req.request_id
 
     def on_step(self, out: Any, schedule_ns: int, t_end: int) -> None:
-        """After schedule(): one ring entry; a keyframe when due or after a gap."""
+        """After schedule(): one ring entry; a keyframe when due or after a gap.
+
+        Everything taken from ``out`` is copied here (C-level copies of its lists and
+        dict; the few changed block tables element by element), on the engine thread.
+        """
         sched = self.sched
-        ops, self.ops = self.ops, []
+        ops, nulled, op_blocks = self.take_ops()
         arrivals, self.arrivals = self.arrivals, []
         ends, self.ends = self.ends, []
         pre, self.preemptions = self.preemptions, []
         free = self.pool.get_num_free_blocks()
-        self.push(
-            (
-                "step",
-                _wall(),
-                ops,
-                out,
-                len(sched.running),
-                len(sched.waiting),
-                self.waiting_head(),
-                free,
-                schedule_ns,
-                self.last_probe_ns,
-                arrivals,
-                ends,
-                pre,
-                int(sched.max_num_scheduled_tokens),
-            )
-        )
+        c = out.scheduled_cached_reqs
+        nb = c.new_block_ids
+        grown_ids = list(compress(c.req_ids, nb))
+        grown = [[list(g) for g in t] for t in filter(None, nb)]
+        new = [wire.NewReq(r.req_id, [list(g) for g in r.block_ids],
+                           r.num_computed_tokens) for r in out.scheduled_new_reqs]
+        nst = out.num_scheduled_tokens
+        rolled = self._rolled_back(out.scheduled_spec_decode_tokens, nst)
+        head = self.waiting_head()
+        waiting = len(sched.waiting)
+        if self.kv_holding is not None:
+            waiting += len(self.kv_holding)
+        self.push(wire.Step(
+            _wall(), ops, new, dict(nst), list(c.req_ids), list(c.num_computed_tokens),
+            grown_ids, grown, list(c.resumed_req_ids), nulled,
+            list(out.finished_req_ids), list(out.preempted_req_ids), pre, arrivals, ends,
+            out.total_num_scheduled_tokens, sched.max_num_scheduled_tokens,
+            len(sched.running), waiting, head[0], head[1], free, schedule_ns,
+            self.last_probe_ns, rolled,
+        ), STEP_BYTES + REQ_BYTES * len(nst) + BLOCK_BYTES * op_blocks)
         due = t_end >= self.next_keyframe_ns
         if due or (self.want_keyframe and t_end >= self.next_forced_ns):
             self.keyframe(t_end)
         self.watch_need(free)
-        self.last_probe_ns = _now_ns() - t_end
+        self.last_step_mono = _mono()
+        self.last_probe_ns = _now_ns() - t_end + self.wrap_ns
+        self.wrap_ns = 0
+
+    def _rolled_back(self, spec: Any, nst: Any) -> dict[str, int]:
+        """Counts of requests with drafts in the last two steps that this step did not
+        schedule (with async scheduling the rejection lands a step later). Empty, at the
+        cost of two truth tests, when nothing speculates."""
+        recent, self.spec_prev = self.spec_prev, list(spec) if spec else []
+        if not recent and not self.spec_prev:
+            return {}
+        reqs = self.sched.requests
+        out: dict[str, int] = {}
+        for rid in {*recent, *self.spec_prev}.difference(nst):
+            req = reqs.get(rid)
+            if req is not None and not req.is_finished():
+                out[rid] = req.num_computed_tokens
+        return out
 
     def keyframe(self, t_now: int) -> None:
         """Copy the mirror (no pool scan) plus the running requests' block tables."""
@@ -326,7 +325,10 @@ class Recorder:
         self.next_keyframe_ns = t_now + self.keyframe_interval_ns
         self.next_forced_ns = t_now + int(FORCED_KEYFRAME_GAP_S * 1e9)
         get_ids = self.mgr.get_block_ids
-        running = self.sched.running
-        tables = {r.request_id: [list(g) for g in get_ids(r.request_id)] for r in running}
-        tokens = {r.request_id: int(r.num_computed_tokens) for r in running}
-        self.push(("keyframe", self.hello, bytes(self.states), tables, tokens))
+        # Requests that hold KV blocks while they wait (remote KV loads) own blocks too.
+        holders = [*self.sched.running, *(self.kv_holding or ())]
+        tables = {r.request_id: [list(g) for g in get_ids(r.request_id)] for r in holders}
+        tokens = {r.request_id: int(r.num_computed_tokens) for r in holders}
+        size = len(self.states) + REQ_BYTES * len(tables) + BLOCK_BYTES * sum(
+            len(g) for t in tables.values() for g in t)
+        self.push(wire.Keyframe(self.hello, bytes(self.states), tables, tokens), size)

@@ -1,4 +1,4 @@
-"""The probe's background thread: ring entries -> wire records -> ZMQ PUSH.
+"""The probe's background thread: ring records -> frames -> ZMQ PUSH.
 
 Runs off vLLM's engine thread. Sends never block: with a full high-water mark or no
 connected sidecar the batch is dropped, counted, and a keyframe is requested so the
@@ -30,65 +30,18 @@ CONNECT_GRACE_MS = 1000
 """How long the sender waits, once, for its first connection before it starts sending."""
 
 
-def to_record(item: tuple[Any, ...]) -> wire.Record:
-    """Build the wire record for one ring entry (runs on the sender thread)."""
-    kind = item[0]
-    if kind == "step":
-        (_, ts, ops, out, running, waiting, head, free, sched_ns, probe_ns,
-         arrivals, ends, pre, budget) = item
-        new = [
-            wire.NewReq(r.req_id, [list(g) for g in r.block_ids], int(r.num_computed_tokens))
-            for r in out.scheduled_new_reqs
-        ]
-        c = out.scheduled_cached_reqs
-        resumed = c.resumed_req_ids
-        cached = [
-            wire.CachedReq(
-                rid,
-                None if nb is None else [list(g) for g in nb],
-                int(nc),
-                rid in resumed,
-            )
-            for rid, nb, nc in zip(c.req_ids, c.new_block_ids, c.num_computed_tokens, strict=True)
-        ]
-        return wire.Step(
-            ts=ts,
-            ops=ops,
-            new_reqs=new,
-            cached_reqs=cached,
-            num_scheduled=dict(out.num_scheduled_tokens),
-            finished=list(out.finished_req_ids),
-            preempted=list(out.preempted_req_ids),
-            preemptions=pre,
-            arrivals=arrivals,
-            ends=ends,
-            scheduled_tokens=int(out.total_num_scheduled_tokens),
-            token_budget=budget,
-            running=running,
-            waiting=waiting,
-            head_blocks_needed=head[0],
-            head_req_id=head[1],
-            free_blocks=free,
-            schedule_ns=sched_ns,
-            probe_ns=probe_ns,
-        )
-    if kind == "keyframe":
-        _, hello, states, tables, tokens = item
-        return wire.Keyframe(hello=hello, states=states, tables=tables, tokens=tokens)
-    if kind == "hello":
-        return item[1]  # type: ignore[no-any-return]
-    raise ValueError(f"unknown ring entry {kind!r}")
-
-
-def pop_run(rec: Recorder) -> tuple[int, list[tuple[Any, ...]]]:
+def pop_run(rec: Recorder) -> tuple[int, list[wire.Record]]:
     """Pop up to MAX_BATCH ring entries with consecutive sequence numbers."""
     ring = rec.ring
-    first, item = ring.popleft()
+    first, item, size = ring.popleft()
     items = [item]
     expect = first + 1
     while ring and len(items) < MAX_BATCH and ring[0][0] == expect:
-        items.append(ring.popleft()[1])
+        _, item, n = ring.popleft()
+        items.append(item)
+        size += n
         expect += 1
+    rec.popped_bytes += size
     return first, items
 
 
@@ -97,14 +50,18 @@ def take_batch(rec: Recorder) -> wire.Frame:
     return make_frame(rec, *pop_run(rec))
 
 
-def make_frame(rec: Recorder, first: int, items: list[tuple[Any, ...]]) -> wire.Frame:
+def make_frame(rec: Recorder, first: int, items: list[wire.Record],
+               cpu_ns: int = 0) -> wire.Frame:
+    """The ring's records are wire records already: a frame is a list around them.
+    ``cpu_ns``: the sender thread's CPU time so far."""
     return wire.Frame(
         engine=rec.hello.engine,
         session=rec.hello.session,
         first_seq=first,
         dropped=rec.ring_dropped + rec.send_dropped,
         faults=rec.faults,
-        records=[to_record(i) for i in items],
+        records=items,
+        sender_cpu_ns=cpu_ns,
     )
 
 
@@ -199,7 +156,7 @@ class Sender(threading.Thread):
             n = len(items)
             handled += n
             try:
-                frame = make_frame(rec, first, items)
+                frame = make_frame(rec, first, items, time.thread_time_ns())
                 # A busy sidecar (or its starved I/O thread) fills the pipe for moments:
                 # wait a little on this thread rather than drop. The engine thread never
                 # waits; if this wait lasts, the ring fills and drops are counted there.

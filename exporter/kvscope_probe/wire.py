@@ -15,8 +15,8 @@ from typing import Union
 
 import msgspec
 
-WIRE_VERSION = 1
-VERSION_TAG = b"kvscope/1"
+WIRE_VERSION = 2
+VERSION_TAG = b"kvscope/2"
 
 # Block operation kinds (first element of an op tuple).
 OP_ALLOC = 0  # free -> used (get_new_blocks, touch of a free block)
@@ -124,34 +124,50 @@ class End(msgspec.Struct, array_like=True, frozen=True):
 
 
 class NewReq(msgspec.Struct, array_like=True, frozen=True):
-    """A request scheduled for the first time in this step."""
+    """A request scheduled for the first time in this step (few per step)."""
 
     req_id: str
     block_ids: list[list[int]]
-    """Its whole block table, one list per KV group."""
+    """Its whole block table, one list per KV group (null placeholders are block 0)."""
     computed_tokens: int
     """Tokens already computed before this step (prefix-cache hits)."""
 
 
-class CachedReq(msgspec.Struct, array_like=True, frozen=True):
-    """A request scheduled again (running on, or resumed after preemption)."""
+class Nulled(msgspec.Struct, array_like=True, frozen=True):
+    """Blocks a KV group replaced by the null block in one request's table and released
+    (a sliding window moving on: ``_remove_blocks_in_range``)."""
 
     req_id: str
-    new_block_ids: list[list[int]] | None
-    """Blocks added this step per group; the whole table when resumed."""
-    computed_tokens: int
-    resumed: bool
+    group: int
+    block_ids: list[int]
 
 
 class Step(msgspec.Struct, tag="step", array_like=True, frozen=True):
-    """One ``Scheduler.schedule()`` call and what happened since the previous one."""
+    """One ``Scheduler.schedule()`` call and what happened since the previous one.
+
+    Columnar: what every scheduled request contributes is a dict entry and a list slot
+    copied by the probe in bulk, never a struct per request; block-table changes come only
+    for the requests whose tables changed.
+    """
 
     ts: float
     ops: list[tuple[int, list[int]]]
     """Ordered block operations: (OP_*, block IDs)."""
     new_reqs: list[NewReq]
-    cached_reqs: list[CachedReq]
     num_scheduled: dict[str, int]
+    """Tokens scheduled this step per request (new and running ones)."""
+    cached_ids: list[str]
+    """Requests scheduled again (running on, or resumed after preemption)..."""
+    cached_computed: list[int]
+    """... and their computed tokens before this step, in the same order."""
+    grown_ids: list[str]
+    """Scheduled-again requests whose tables grew (or, when resumed, were rebuilt)..."""
+    grown_blocks: list[list[list[int]]]
+    """... their new blocks per group (the whole table for a resumed one)."""
+    resumed: list[str]
+    """Requests resumed after a preemption in this step."""
+    nulled: list[Nulled]
+    """Table entries replaced by the null block, applied before the tables grow."""
     finished: list[str]
     preempted: list[str]
     preemptions: list[Preemption]
@@ -161,6 +177,7 @@ class Step(msgspec.Struct, tag="step", array_like=True, frozen=True):
     token_budget: int
     running: int
     waiting: int
+    """Waiting requests as vLLM counts them (requests holding KV while waiting included)."""
     head_blocks_needed: int
     """Blocks the head of the waiting queue needs for its whole current sequence,
     before prefix-cache hits (an upper bound); 0 when nothing waits."""
@@ -171,7 +188,13 @@ class Step(msgspec.Struct, tag="step", array_like=True, frozen=True):
     schedule_ns: int
     """Time spent in vLLM's schedule()."""
     probe_ns: int
-    """Engine-thread time the probe spent on the previous step."""
+    """Engine-thread time the probe spent since the previous step: its step record and
+    the block-pool wrappers."""
+    rolled_back: dict[str, int] = {}
+    """Computed tokens of running requests NOT scheduled this step that had draft tokens
+    in one of the last two steps: vLLM lowers a request's count when it rejects drafts
+    (``update_from_output``, after the step was recorded), and one that is not scheduled
+    again would otherwise keep the count from before the rejection."""
 
 
 class Keyframe(msgspec.Struct, tag="keyframe", array_like=True, frozen=True):
@@ -189,21 +212,30 @@ class Keyframe(msgspec.Struct, tag="keyframe", array_like=True, frozen=True):
 class ClientStart(msgspec.Struct, tag="client_start", array_like=True, frozen=True):
     """An API request seen by kvscope's middleware in vLLM's API server, before vLLM.
 
-    Identity and a hash of the prompt only: never prompt text, never the API key."""
+    Identity and digests only: never prompt text, never the API key. The digests are
+    unkeyed; the sidecar keys them with its secret before it stores, compares or labels
+    anything, so they exist only in the API server's memory and on this socket."""
 
     request_id: str
-    """The X-Request-Id the middleware made vLLM use (engine IDs embed it)."""
+    """The request's ID as vLLM uses it (engine IDs embed it): the caller's X-Request-Id,
+    else the body's ``request_id``, else one the middleware set (``kvs<32 hex>``); one
+    longer than 128 characters travels as ``sha256:<hex>`` of itself."""
     ts: float
     endpoint: str
     """completions or chat."""
     model: str
     client_id: str
     user_agent: str
-    api_key_hash: str
-    prompt_hash: str
+    api_key_sha256: str
+    """SHA-256 (hex) of the bearer API key, "" without one."""
+    prompt_sha256: str
+    """SHA-256 (hex) of the canonical prompt or messages."""
     prompt_chars: int
     max_tokens: int
     """-1 when the request did not say."""
+    call_id: str = ""
+    """Unique per HTTP call, shared by its ClientEnd (a caller may reuse a request ID);
+    "" from a middleware that predates it: pair on request_id."""
 
 
 class ClientEnd(msgspec.Struct, tag="client_end", array_like=True, frozen=True):
@@ -213,6 +245,8 @@ class ClientEnd(msgspec.Struct, tag="client_end", array_like=True, frozen=True):
     ts: float
     status: int
     duration_s: float
+    call_id: str = ""
+    """The call_id of its ClientStart."""
 
 
 class Heartbeat(msgspec.Struct, tag="heartbeat", array_like=True, frozen=True):
@@ -246,6 +280,8 @@ class Frame(msgspec.Struct, array_like=True, frozen=True):
     faults: int
     """Exceptions the probe caught and contained so far."""
     records: list[Record]
+    sender_cpu_ns: int = 0
+    """CPU time the probe's sender thread has used so far (0 from the middleware)."""
 
 
 class WireError(ValueError):

@@ -26,7 +26,6 @@ from kvscope.sidecar.app import create_app
 from kvscope.sidecar.hub import Hub
 from kvscope.sidecar.layout import LayoutSampler
 from kvscope.sidecar.layout_api import layout_router
-from kvscope_probe import wire
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
@@ -49,28 +48,19 @@ class Fed:
 def fed() -> Fed:
     """Run the twin 300 steps (64 blocks, fcfs) with the probe bound, then stop mid-run."""
     from kvscope.twin import TwinConfig, WorkloadSpec, generate
-    from kvscope_probe import plugin
-    from kvscope_probe.recorder import Recorder
-    from kvscope_probe.sender import take_batch
+    from kvscope.twin.probed import ProbedTwin
 
-    Twin = pytest.importorskip("kvscope.twin.engine").Twin
-    assert plugin.enable(None)
-    twin = Twin(TwinConfig(num_blocks=64), seed=1)
-    rec = Recorder(twin.scheduler, ring_size=1 << 20, keyframe_interval_s=3600)
-    plugin.bind(twin.scheduler, rec)
-    rec.push(("hello", rec.hello))
-    hub = Hub()
+    pt = ProbedTwin(TwinConfig(num_blocks=64), seed=1)
+    hub, rec = pt.hub, pt.rec
     sampler = LayoutSampler(hub)
     t0 = time.time() - TWIN_STEPS / SAMPLE_EVERY - 1
 
     def on_step(i: int, out: object) -> None:
-        while rec.ring:
-            assert hub.accept(wire.encode(take_batch(rec)))
         if i % SAMPLE_EVERY == 0:
             sampler.tick(now=t0 + i / SAMPLE_EVERY)
 
-    twin.run(generate(WorkloadSpec(n_requests=120, seed=1)), on_step=on_step,
-             max_steps=TWIN_STEPS)
+    pt.run(generate(WorkloadSpec(n_requests=120, seed=1)), on_step=on_step,
+           max_steps=TWIN_STEPS)
     sampler.tick(now=time.time())
     st = hub.engines[rec.hello.engine]
     assert st.ledger.synced and sum(st.counters.preemptions.values()) > 0

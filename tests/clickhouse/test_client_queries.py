@@ -5,10 +5,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from kvscope import query, schema, wire
+from kvscope import query, schema
 from kvscope.sidecar.clients import ClientJoin
+from kvscope.sidecar.hashkey import Keyer
 from kvscope.sinks import arrowrows
 from kvscope.sinks.rows import ClientRequest
+from kvscope_probe import wire
 from tests.unit.test_clients import start, trace
 
 
@@ -16,7 +18,7 @@ def client_rows() -> list[ClientRequest]:
     """Three clients: team-a resubmits one prompt 3 times within seconds and is
     preempted; team-b gets 429s in a burst; team-c is quiet."""
     out: list[Any] = []
-    join = ClientJoin(out.append, duplicate_window_s=10)
+    join = ClientJoin(out.append, keyer=Keyer(b"query-test-secret"), duplicate_window_s=10)
     now = float(int(time.time()) // 60 * 60 - 300)  # a minute start: no bucket straddled
     n = 0
 

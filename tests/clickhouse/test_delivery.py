@@ -194,23 +194,36 @@ def test_batch_inserted_before_a_crash_is_replayed_once(store: Any, database: st
 
 def test_write_never_blocks_while_the_store_hangs(database: str, chdb_dsn: str,
                                                   tmp_path: Path) -> None:
-    release = threading.Event()
+    """Every write returns while the store's connect is still hanging, and it hangs until
+    the test lets it go: no write can have waited for the store."""
+    entered, release = threading.Event(), threading.Event()
 
     def hang() -> Any:  # a server that accepts the connection and never answers
-        release.wait(30)
+        entered.set()
+        release.wait()
         raise OperationalError("read timed out")
 
     sink = sink_for(chdb_dsn, database, tmp_path / "spool", connect=hang)
-    rows = [trace(i, ts=1e9) for i in range(50_000)]
-    start = time.perf_counter()
-    for row in rows:
-        sink.write("request_traces", row)
-    took = time.perf_counter() - start
-    assert took < 20.0  # sanity bound (~1 us a row): the store hangs for 30 s
+    sink.write("request_traces", trace(0, ts=1e9))
+    assert entered.wait(60), "the sink never tried its store"
+    rows = [trace(i, ts=1e9) for i in range(1, 50_000)]
+    written = threading.Event()
+
+    def write_all() -> None:
+        for row in rows:
+            sink.write("request_traces", row)
+        written.set()
+
+    writer = threading.Thread(target=write_all, name="writer", daemon=True)
+    writer.start()
+    # A deadline to report a blocked writer instead of hanging the suite; not a bound.
+    assert written.wait(300), "a write waited for the store"
     assert sink.flush(1.0) is False  # not delivered
-    deadline = time.monotonic() + 30  # spooling 50,000 rows takes a while on a busy machine
-    while sink.stats().spool_batches < 5 and time.monotonic() < deadline:
+    deadline = time.monotonic() + 60  # spooling 50,000 rows takes a while on a busy machine
+    while sink.spool.pending_rows()["request_traces"] < 50_000 and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert sink.stats().spool_batches == 5
+    # every row waits in the spool (batch boundaries depend on timing; the rows do not)
+    assert sink.spool.pending_rows() == {"request_traces": 50_000}
+    assert sink.stats().rows_dropped.get("request_traces", 0) == 0
     release.set()
     sink.close(0.3)

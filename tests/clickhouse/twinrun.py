@@ -9,31 +9,21 @@ from typing import Any
 from kvscope.sidecar.hub import Hub
 from kvscope.sidecar.requests import RequestTracker
 from kvscope.twin import TwinConfig, WorkloadSpec, generate
-from kvscope.twin.engine import Twin
-from kvscope_probe import plugin, wire
-from kvscope_probe.recorder import Recorder
-from kvscope_probe.sender import take_batch
+from kvscope.twin.probed import ProbedTwin
 
 BLOCK_SIZE = TwinConfig().block_size
 
 
 def run_twin(emit: Callable[[Any], None], n_requests: int = 80, seed: int = 5,
              on_step: Callable[[int], None] | None = None) -> tuple[Hub, Any]:
-    assert plugin.enable(None)
-    twin = Twin(TwinConfig(num_blocks=48), seed=seed)
-    rec = Recorder(twin.scheduler, ring_size=1 << 20, keyframe_interval_s=3600)
-    plugin.bind(twin.scheduler, rec)
-    rec.push(("hello", rec.hello))
-    hub = Hub()
+    pt = ProbedTwin(TwinConfig(num_blocks=48), seed=seed)
     tracker = RequestTracker(emit)
-    hub.listeners.append(tracker.on_event)
+    pt.hub.listeners.append(tracker.on_event)
 
     def step(i: int, _out: object) -> None:
-        while rec.ring:
-            assert hub.accept(wire.encode(take_batch(rec)))
         if on_step is not None:
             on_step(i)
 
-    result = twin.run(generate(WorkloadSpec(n_requests=n_requests, seed=seed)), on_step=step)
-    tracker.flush(hub.engines)
-    return hub, result
+    result = pt.run(generate(WorkloadSpec(n_requests=n_requests, seed=seed)), on_step=step)
+    tracker.flush(pt.hub.engines)
+    return pt.hub, result

@@ -202,9 +202,10 @@ def test_counts_reconcile_with_vllm_after_a_mixed_load(
 
     assert sum(by_reason.values()) == vllm_preemptions > 0
     assert by_reason["unknown"] == 0 and by_reason["priority"] == 0  # fcfs: all kv_full
-    assert abs(side_free - vllm_free) <= 1
+    # vLLM is idle: every usable block is free (prefix-cached ones count), on both sides.
+    assert side_free == vllm_free == engine_stack.num_blocks - 1
     assert sample(side_text, "kvscope_reconciliation_preemptions_diff", ENGINE) == 0
-    assert abs(sample(side_text, "kvscope_reconciliation_free_blocks_diff", ENGINE)) <= 1
+    assert sample(side_text, "kvscope_reconciliation_free_blocks_diff", ENGINE) == 0
     assert watcher.diffs, "the free-blocks diff was never exported during the load"
 
 
@@ -216,11 +217,13 @@ def ended_total(text: str) -> float:
 def test_clients_join_their_traces_and_a_resubmission_is_flagged(
     engine_stack: EngineStack,
 ) -> None:
-    """The middleware in vLLM's API server: >= 99% of engine traces carry their client,
-    and the same prompt sent twice by one client within seconds is a duplicate."""
+    """The middleware in vLLM's API server: every engine trace carries its client (each
+    request went through the middleware), and the same prompt sent twice by one client
+    within seconds is a duplicate."""
     metrics = f"{engine_stack.sidecar.url}/metrics"
     before = get_text(metrics)
     joined0 = sample(before, "kvscope_client_traces_joined_total")
+    unjoined0 = sample(before, "kvscope_client_traces_unjoined_total")
     ended0 = ended_total(before)
     spec = LoadSpec(n_requests=40, concurrency=16, seed=7, headers={"X-Client-Id": "team-a"})
     assert run_load_sync(engine_stack.vllm.url, spec).ok == spec.n_requests
@@ -237,12 +240,12 @@ def test_clients_join_their_traces_and_a_resubmission_is_flagged(
         ended = ended_total(text) - ended0
         joined = sample(text, "kvscope_client_traces_joined_total") - joined0
         requests = sample(text, "kvscope_client_requests_total", {"client": "team-a"})
-        if (joined >= ended >= spec.n_requests + 2 and requests == spec.n_requests) \
+        if (joined == ended == spec.n_requests + 2 and requests == spec.n_requests) \
                 or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    assert ended >= spec.n_requests + 2
-    assert joined >= 0.99 * ended, (joined, ended)
+    assert joined == ended == spec.n_requests + 2, (joined, ended)
+    assert sample(text, "kvscope_client_traces_unjoined_total") == unjoined0
     assert requests == spec.n_requests
     assert sample(text, "kvscope_client_duplicate_requests_total", {"client": "retry-bot"}) == 1
     assert sample(text, "kvscope_client_requests_total", {"client": "retry-bot"}) == 2
@@ -289,7 +292,8 @@ def test_vllm_serves_without_a_sidecar_and_the_probe_reconnects(
     _vllm_text, side_text = wait_until_quiet(engine_stack)
     assert sample(side_text, "kvscope_ledger_synced", ENGINE) == 1
     assert sample(side_text, "kvscope_ledger_mismatches_total", ENGINE) == 0
-    assert abs(sample(side_text, "kvscope_reconciliation_free_blocks_diff", ENGINE)) <= 1
+    assert sample(side_text, "kvscope_reconciliation_free_blocks_diff", ENGINE) == 0
+    assert sample(side_text, "vllm_scheduler_free_blocks", ENGINE) == engine_stack.num_blocks - 1
     assert sample(side_text, "kvscope_probe_faults_total", ENGINE) == 0
     # Records the probe could not deliver while nobody listened were dropped and counted.
     assert sample(side_text, "kvscope_probe_records_dropped_total", ENGINE) > 0

@@ -27,6 +27,7 @@ from schemathesis import GenerationMode
 
 from kvscope.sidecar.bodylimit import MAX_BODY_BYTES
 from kvscope.sidecar.clients import ClientJoin
+from kvscope.sidecar.hashkey import Keyer
 from kvscope_probe import wire
 from kvscope_probe.middleware import KVScopeMiddleware
 from tests.reliability.serveproc import ServeProcess, wait_until
@@ -56,8 +57,10 @@ def poison(frames: list[wire.Frame]) -> list[list[bytes]]:
     last = frames[-1]
     seq = last.first_seq + len(last.records)
     step = [r for f in frames for r in f.records if isinstance(r, wire.Step)][-1]
-    quiet = msgspec.structs.replace(step, ops=[], new_reqs=[], cached_reqs=[], finished=[],
-                                    preempted=[], preemptions=[], arrivals=[], ends=[])
+    quiet = msgspec.structs.replace(
+        step, ops=[], new_reqs=[], cached_ids=[], cached_computed=[], grown_ids=[],
+        grown_blocks=[], resumed=[], nulled=[], finished=[], preempted=[], preemptions=[],
+        arrivals=[], ends=[])
     return [wire.encode(msgspec.structs.replace(
         last, first_seq=seq + i, records=[msgspec.structs.replace(quiet, ts=ts)]))
         for i, ts in enumerate([float("inf"), float("-inf"), float("nan")])]
@@ -254,7 +257,7 @@ def test_hostile_client_headers_cannot_raise_metric_cardinality(
     side, _ = served
     app = stand_in()
     app.add_middleware(KVScopeMiddleware, endpoint=side.endpoint)
-    join = ClientJoin(lambda _row: None)
+    join = ClientJoin(lambda _row: None, keyer=Keyer(b"caps-only-test-secret"))
     caps = {"client": join.stats.clients.limit, "user_agent": join.stats.agents.limit}
     n = 600
     with TestClient(app) as client:

@@ -45,7 +45,7 @@ def real_frames() -> list[wire.Frame]:
     twin = Twin(TwinConfig(num_blocks=48), seed=2)
     rec = Recorder(twin.scheduler, ring_size=1 << 20, keyframe_interval_s=0.05)
     plugin.bind(twin.scheduler, rec)
-    rec.push(("hello", rec.hello))
+    rec.push(rec.hello)
     frames: list[wire.Frame] = []
 
     def drain(_i: int, _out: Any) -> None:

@@ -7,8 +7,9 @@ store joins both streams. Then every place kvscope writes is searched: every col
 every table in chDB, the spool, the decision log, /metrics, every JSON route, the
 sidecar's own output, and the raw bytes of its data directory. A second sidecar writes to
 a ClickHouse DSN with a password, on a closed port: the password must not show either.
-Positive controls (the prompt's hash, the key's hash, the client ID) prove the rows were
-there to search.
+Stored hashes are keyed: the prompt's and the key's plain SHA-256 (which anyone could
+compute from a guess) appear nowhere, nor does the sidecar's secret outside its own file.
+Positive controls (the keyed hashes, the client ID) prove the rows were there to search.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
+from kvscope.sidecar.hashkey import KEY_FILE_NAME, Keyer, read_key
 from kvscope.twin.workload import TOKEN_ID_MAX, TOKEN_ID_MIN, TwinRequest
 from kvscope_probe import plugin
-from kvscope_probe.middleware import KVScopeMiddleware, _hash, prompt_fingerprint
+from kvscope_probe.middleware import KVScopeMiddleware, prompt_digest, sha256_hex
 from tests.reliability.serveproc import ServeProcess, wait_until
 from tests.reliability.stores import read_store
 from tests.reliability.twindrive import TwinDriver
@@ -101,12 +103,15 @@ def http_texts(side: ServeProcess) -> dict[str, str]:
 
 def raw_hits(root: Path, needles: list[str]) -> tuple[int, dict[str, list[str]]]:
     """Files under ``root`` whose bytes contain a needle (compressed store parts may hide
-    one; the queries over every column are the real search)."""
+    one; the queries over every column are the real search), the secret's own file
+    aside."""
     hits: dict[str, list[str]] = {n: [] for n in needles}
     files = 0
     for dirpath, _, names in os.walk(root):
         for name in names:
             path = Path(dirpath) / name
+            if name == KEY_FILE_NAME:
+                continue
             try:
                 data = path.read_bytes()
             except OSError:
@@ -149,9 +154,14 @@ def test_a_canary_prompt_key_and_password_appear_nowhere(
         store_side.stop()
         pw_side.stop()
 
-    phash = prompt_fingerprint("completions", {"prompt": CANARY})[0]
-    khash = _hash(API_KEY.encode())
-    secrets_ = [CANARY, CANARY.split()[0], API_KEY, PASSWORD]
+    plain_prompt = prompt_digest("completions", {"prompt": CANARY})[0]
+    plain_key = sha256_hex(API_KEY.encode())
+    secret = read_key(str(store_side.data_dir / KEY_FILE_NAME))
+    phash = Keyer(secret)("prompt", plain_prompt)
+    khash = Keyer(secret)("api_key", plain_key)
+    secrets_ = [CANARY, CANARY.split()[0], API_KEY, PASSWORD, plain_prompt, plain_prompt[:16],
+                plain_key, plain_key[:16], secret.decode(),
+                read_key(str(pw_side.data_dir / KEY_FILE_NAME)).decode()]
     store = read_store(str(store_side.data_dir / "chdb"), [*secrets_, phash, khash, CLIENT])
     hits = store["hits"]
     texts = {

@@ -1,9 +1,15 @@
 """Property 1: the probe never raises into vLLM, whatever breaks on its sending side.
 
-Encoding records (``sender.to_record``), encoding frames (``wire.encode``) and the ZMQ send
-fail at random, seeded, for 10,000 steps of vLLM's real scheduler streaming to a real
-receiver. No exception reaches the scheduler, the run is step for step the run without the
-probe, and every record is either received, or dropped and counted.
+Building frames (``sender.make_frame``), encoding them (``wire.encode``) and the ZMQ send
+fail, for 10,000 steps of vLLM's real scheduler streaming to a real receiver. No
+exception reaches the scheduler, the run is step for step the run without the probe, and
+every record is either received, or dropped and counted.
+
+The faults are tied to records, not to calls: a seeded set of record sequence numbers,
+at least ``MAX_BATCH`` apart, each with the fault its frame meets. A frame holds at most
+``MAX_BATCH`` consecutive records, so each chosen record is in a frame of its own and
+every fault fires exactly once, however the sender happens to batch: the counts are
+exact, not a floor that timing can miss.
 """
 
 from __future__ import annotations
@@ -30,29 +36,47 @@ SPEC = WorkloadSpec(n_requests=400, seed=1)
 STEPS = 10_000
 
 
-class Injector:
-    """Raises at random (seeded) from the call sites it wraps; counts what it raised."""
+KINDS = ("make_frame", "encode", "send_again", "send_error")
+WINDOW = sender.MAX_BATCH + 32
 
-    def __init__(self, seed: int) -> None:
-        self.rng = random.Random(seed)
+
+class Injector:
+    """Raises at the records it chose (seeded), once each; counts what it raised."""
+
+    def __init__(self, seed: int, n_records: int) -> None:
+        rng = random.Random(seed)
+        self.chosen = {w + rng.randrange(WINDOW - sender.MAX_BATCH): KINDS[i % len(KINDS)]
+                       for i, w in enumerate(range(0, n_records, WINDOW))}
         self.raised: dict[str, int] = {}
 
-    def maybe(self, where: str, p: float, exc: BaseException) -> None:
-        if self.rng.random() < p:
-            self.raised[where] = self.raised.get(where, 0) + 1
-            raise exc
+    def at(self, where: str, first: int, n: int, exc: BaseException) -> None:
+        """Raise ``exc`` when a record chosen for ``where`` is in [first, first + n)."""
+        for seq in range(first, first + n):
+            if self.chosen.get(seq) == where:
+                self.raised[where] = self.raised.get(where, 0) + 1
+                raise exc
+
+    def expected(self, below: int) -> dict[str, int]:
+        """The faults the records numbered below ``below`` must have met."""
+        counts: dict[str, int] = {}
+        for seq, kind in self.chosen.items():
+            if seq < below:
+                counts[kind] = counts.get(kind, 0) + 1
+        return counts
 
 
 class FlakySocket:
-    """A real ZMQ PUSH socket whose sends sometimes fail: EAGAIN (a full queue, the
-    ordinary drop path) or another ZMQError (a broken socket)."""
+    """A real ZMQ PUSH socket whose sends fail for the chosen records: EAGAIN (a full
+    queue, the ordinary drop path) or another ZMQError (a broken socket)."""
 
     def __init__(self, sock: Any, inj: Injector) -> None:
         self._sock, self._inj = sock, inj
 
     def send_multipart(self, parts: Any, *args: Any, **kwargs: Any) -> Any:
-        self._inj.maybe("send_again", 0.03, zmq.Again())
-        self._inj.maybe("send_error", 0.02, zmq.ZMQError(zmq.EFSM, "injected"))
+        frame = wire.decode(parts)
+        span = (frame.first_seq, len(frame.records))
+        self._inj.at("send_again", *span, zmq.Again())
+        self._inj.at("send_error", *span, zmq.ZMQError(zmq.EFSM, "injected"))
         return self._sock.send_multipart(parts, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
@@ -79,18 +103,18 @@ def test_faults_while_encoding_and_sending_never_reach_the_scheduler(
     baseline, base_trail, off = run(None)
     assert baseline.steps == STEPS and not getattr(off, "enabled", False)
 
-    inj = Injector(seed=11)
-    real_to_record, real_encode, real_socket = sender.to_record, wire.encode, sender.Sender._socket
+    inj = Injector(seed=11, n_records=STEPS)
+    real_make, real_encode, real_socket = sender.make_frame, wire.encode, sender.Sender._socket
 
-    def to_record(item: tuple[Any, ...]) -> wire.Record:
-        inj.maybe("to_record", 0.01, RuntimeError("injected in to_record"))
-        return real_to_record(item)
+    def make_frame(rec: Recorder, first: int, items: list[Any], *args: Any) -> wire.Frame:
+        inj.at("make_frame", first, len(items), RuntimeError("injected in make_frame"))
+        return real_make(rec, first, items, *args)
 
     def encode(frame: wire.Frame) -> list[bytes]:
-        inj.maybe("encode", 0.03, ValueError("injected in wire.encode"))
+        inj.at("encode", frame.first_seq, len(frame.records), ValueError("injected in encode"))
         return real_encode(frame)
 
-    monkeypatch.setattr(sender, "to_record", to_record)
+    monkeypatch.setattr(sender, "make_frame", make_frame)
     monkeypatch.setattr(wire, "encode", encode)
     monkeypatch.setattr(sender.Sender, "_socket",
                         lambda self: FlakySocket(real_socket(self), inj))
@@ -121,6 +145,9 @@ def test_faults_while_encoding_and_sending_never_reach_the_scheduler(
     rx.start()
     try:
         faulty, trail, rec = run(endpoint)
+        deadline = time.monotonic() + 30  # let the sender drain the ring before it stops
+        while rec.ring and time.monotonic() < deadline:
+            time.sleep(0.05)
         plugin.stop_all()
         assert isinstance(rec, Recorder)
         deadline = time.monotonic() + 10
@@ -141,9 +168,11 @@ def test_faults_while_encoding_and_sending_never_reach_the_scheduler(
     assert (faulty.steps, faulty.finished, faulty.preemptions, faulty.scheduled_tokens) == (
         baseline.steps, baseline.finished, baseline.preemptions, baseline.scheduled_tokens)
     assert trail == base_trail
-    # every injected fault was contained and counted; the probe stayed on
-    assert set(inj.raised) == {"to_record", "encode", "send_again", "send_error"}
-    assert 50 <= contained < MAX_FAULTS and rec.enabled
+    # every chosen record met its fault exactly once; each was contained and counted
+    assert rec.ring_dropped == 0  # no chosen record vanished before reaching the sender
+    assert inj.raised == inj.expected(rec.seq)
+    assert contained == sum(n for k, n in inj.raised.items() if k != "send_again")
+    assert 45 <= contained < MAX_FAULTS and rec.enabled
     assert rec.faults == contained
     # every record is accounted for: received, or dropped and counted
     assert rec.seq == hub.records + in_rejected["records"] + dropped

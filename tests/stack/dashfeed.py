@@ -25,7 +25,7 @@ from kvscope.twin import TwinConfig, generate
 from kvscope.twin.workload import TwinRequest
 from kvscope_probe import wire
 from kvscope_probe.emitter import Emitter
-from kvscope_probe.middleware import prompt_fingerprint
+from kvscope_probe.middleware import prompt_digest
 from tests.stack.promstack import PRESSURE, PRESSURE_MAX_STEPS, PRESSURE_STEP_S
 
 CLIENTS = (
@@ -50,16 +50,16 @@ def workload(seed: int = 3) -> tuple[list[TwinRequest], dict[str, wire.ClientSta
         if i % DUPLICATE_EVERY == DUPLICATE_EVERY - 1:
             prev = requests[-1]  # resubmitted by the same client, a moment later
             client = next(c for c in CLIENTS if c[0] == starts[prev.request_id].client_id
-                          and c[2] == starts[prev.request_id].api_key_hash)
+                          and c[2] == starts[prev.request_id].api_key_sha256)
             r = dataclasses.replace(r, prompt_token_ids=prev.prompt_token_ids)
         ext = f"kvs{rng.getrandbits(128):032x}"
         engine_id = f"cmpl-{ext}-0-{rng.getrandbits(32):08x}"
         requests.append(dataclasses.replace(r, request_id=engine_id))
-        phash, chars = prompt_fingerprint("completions", {"prompt": list(r.prompt_token_ids)})
+        phash, chars = prompt_digest("completions", {"prompt": list(r.prompt_token_ids)})
         starts[engine_id] = wire.ClientStart(
             request_id=ext, ts=now + i * 0.01, endpoint="completions", model=MODEL,
-            client_id=client[0], user_agent=client[1], api_key_hash=client[2],
-            prompt_hash=phash, prompt_chars=chars, max_tokens=r.max_tokens)
+            client_id=client[0], user_agent=client[1], api_key_sha256=client[2],
+            prompt_sha256=phash, prompt_chars=chars, max_tokens=r.max_tokens)
     return requests, starts
 
 

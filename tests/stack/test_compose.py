@@ -24,6 +24,7 @@ import yaml
 from alerts.config import Config as AlertsConfig
 from dashboards.config import CLICKHOUSE_PLUGIN_VERSION, CLICKHOUSE_TYPE
 from tests.stack.composespec import ROOT, bind_mounts, compose, host_path, schema
+from tests.stack.dockerfiles import check_copies
 from tests.stack.promstack import binary
 
 DEPLOY = ROOT / "deploy"
@@ -93,25 +94,8 @@ def test_every_mount_and_build_input_exists(spec: dict[str, Any],
             context = ROOT / build["context"]
             dockerfile = context / build["dockerfile"]
             assert dockerfile.is_file(), (name, dockerfile)
-            _check_copies(context, dockerfile)
+            check_copies(context, dockerfile)
     assert used == declared, f"named volumes used {sorted(used)} vs declared {sorted(declared)}"
-
-
-def _check_copies(context: Path, dockerfile: Path) -> None:
-    """Every COPY source exists and gets past the Dockerfile's own .dockerignore."""
-    ignore = Path(f"{dockerfile}.dockerignore")
-    assert ignore.is_file(), f"{ignore} keeps .venv and models out of the build context"
-    rules = [r for r in ignore.read_text().splitlines() if r and not r.startswith("#")]
-    for line in dockerfile.read_text().splitlines():
-        if line.startswith("COPY ") and "--from" not in line:
-            for src in line.split()[1:-1]:
-                assert (context / src).exists(), (dockerfile, src)
-                excluded = False
-                for rule in rules:
-                    pattern = rule.lstrip("!").rstrip("/")
-                    if fnmatch.fnmatch(src.rstrip("/"), pattern):
-                        excluded = not rule.startswith("!")
-                assert not excluded, f"{dockerfile}: COPY {src} is excluded by {ignore.name}"
 
 
 def test_prometheus_config_passes_promtool(services: dict[str, dict[str, Any]],

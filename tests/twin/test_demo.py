@@ -40,11 +40,11 @@ TABLES = ("request_traces", "request_events", "scheduler_decisions", "step_stats
 class Demo:
     """``python -m kvscope demo`` as a subprocess, its output read line by line."""
 
-    def __init__(self, tmp_path: Path, *args: str) -> None:
+    def __init__(self, tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.data = tmp_path / "demo"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KVSCOPE_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KVSCOPE_")} | (env or {})
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kvscope", "demo", "--port", str(self.port),
              "--data-dir", str(self.data), *args],

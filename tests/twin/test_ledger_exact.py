@@ -53,7 +53,7 @@ def run_checked(policy: str, num_blocks: int, n_requests: int, seed: int) -> dic
     sched = twin.scheduler
     rec = Recorder(sched, ring_size=1 << 20, keyframe_interval_s=3600)
     plugin.bind(sched, rec)
-    rec.push(("hello", rec.hello))
+    rec.push(rec.hello)
     hub = Hub()
     pool = sched.kv_cache_manager.block_pool
     stats = {"steps": 0, "checked": 0, "preemptions": 0, "disarmed": 0}

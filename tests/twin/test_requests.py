@@ -14,33 +14,21 @@ from kvscope.sinks.base import SinkManager
 from kvscope.sinks.decisionlog import DecisionLog
 from kvscope.sinks.rows import RequestEvent, RequestTrace, SchedulerDecision, StepStat
 from kvscope.twin import TwinConfig, WorkloadSpec, generate
-from kvscope_probe import plugin, wire
-from kvscope_probe.recorder import Recorder
-from kvscope_probe.sender import take_batch
+from kvscope.twin.probed import ProbedTwin
 
 pytestmark = pytest.mark.twin
 
-Twin = pytest.importorskip("kvscope.twin.engine").Twin
-
 
 def run_tracked(n_requests: int = 80, seed: int = 5) -> tuple[list[object], Hub, str, object]:
-    assert plugin.enable(None)
-    twin = Twin(TwinConfig(num_blocks=48), seed=seed)
-    rec = Recorder(twin.scheduler, ring_size=1 << 20, keyframe_interval_s=3600)
-    plugin.bind(twin.scheduler, rec)
-    rec.push(("hello", rec.hello))
-    hub = Hub()
+    pt = ProbedTwin(TwinConfig(num_blocks=48), seed=seed)
+    hub, rec = pt.hub, pt.rec
     rows: list[object] = []
     log = io.StringIO()
     sinks = SinkManager([DecisionLog(stream=log)])
     tracker = RequestTracker(lambda r: (rows.append(r), sinks.emit(r)))
     hub.listeners.append(tracker.on_event)
 
-    def on_step(_i: int, _out: object) -> None:
-        while rec.ring:
-            assert hub.accept(wire.encode(take_batch(rec)))
-
-    result = twin.run(generate(WorkloadSpec(n_requests=n_requests, seed=seed)), on_step=on_step)
+    result = pt.run(generate(WorkloadSpec(n_requests=n_requests, seed=seed)))
     assert not rec.ring and not rec.ends  # the engine's last step reports the last ends
     tracker.flush(hub.engines)
     sinks.close()  # the decision log writes on its own thread

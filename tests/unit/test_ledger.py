@@ -6,7 +6,7 @@ import pytest
 
 from kvscope.sidecar.ledger import Ledger
 from kvscope_probe import wire
-from tests.unit.test_wire import hello
+from tests.unit.test_wire import hello, step
 
 
 def synced(n: int = 10) -> Ledger:
@@ -44,13 +44,32 @@ def test_block_outside_pool_is_an_error_not_a_crash() -> None:
 
 def test_tail_waste_counts_unfilled_slots_of_last_blocks() -> None:
     led = synced()
-    led.set_table("a", [[1, 2]], tokens=5)  # 2 blocks of 4 -> 3 unfilled
-    led.extend_table("b", [[3]], tokens=4)  # full block
+    led.apply_tables(step(new_reqs=[wire.NewReq("a", [[1, 2]], 0)],
+                          num_scheduled={"a": 5}))  # 2 blocks of 4 -> 3 unfilled
+    led.apply_tables(step(new_reqs=[wire.NewReq("b", [[3]], 0)],
+                          num_scheduled={"b": 4}))  # a not scheduled: it holds what it had
+    assert led.tokens == {"a": 5, "b": 4}
     assert led.tail_waste_tokens() == 3
-    led.extend_table("a", [[4]], tokens=9)
+    led.apply_tables(step(num_scheduled={"a": 4}, cached_ids=["a"], cached_computed=[5],
+                          grown_ids=["a"], grown_blocks=[[[4]]]))
+    assert led.tables["a"] == [[1, 2, 4]] and led.tokens["a"] == 9
     assert led.tail_waste_tokens() == 3
-    led.drop_request("a")
-    assert led.tail_waste_tokens() == 0
+    led.apply_tables(step(finished=["a"]))
+    assert led.tail_waste_tokens() == 0 and "a" not in led.tables
+
+
+def test_sliding_window_blocks_become_null_placeholders_before_the_table_grows() -> None:
+    """vLLM's sliding-window manager replaces blocks that left the window by the null
+    block and frees them; a freed block may come straight back to the same request."""
+    led = Ledger(10, [4, 4])
+    led.apply_tables(step(new_reqs=[wire.NewReq("a", [[1, 2], [3, 4]], 0)],
+                          num_scheduled={"a": 8}))
+    led.apply_tables(step(num_scheduled={"a": 1}, cached_ids=["a"], cached_computed=[8],
+                          nulled=[wire.Nulled("a", 1, [3])],
+                          grown_ids=["a"], grown_blocks=[[[5], [3]]]))
+    assert led.tables["a"] == [[1, 2, 5], [0, 4, 3]]
+    # The released block held a full block of tokens that left the window: no waste.
+    assert led.tail_waste_by_group() == [3, 3]
 
 
 def test_keyframe_reports_disagreement_only_when_in_sync() -> None:

@@ -80,3 +80,30 @@ def test_exposition_has_help_for_every_family() -> None:
     text = generate_latest(registry_for(busy_hub())).decode()
     helps = [ln for ln in text.splitlines() if ln.startswith("# HELP")]
     assert helps and all(len(h.split(" ", 3)) == 4 for h in helps)
+
+
+def test_hybrid_groups_report_tail_waste_and_blocks_per_group() -> None:
+    """Full attention (group 0) and a sliding window (group 1) of 32-token blocks; the
+    window released block 3, now a null placeholder of the request's group-1 table."""
+    groups = [wire.KVGroup("FullAttentionSpec", 32), wire.KVGroup("SlidingWindowSpec", 32)]
+    h = hello(kv_groups=groups)
+    kf = wire.Keyframe(hello=h, states=bytes([3] + [0] * 7), tables={}, tokens={})
+    hub = Hub()
+    feed(hub, [h, step(), kf], 0)
+    admit = step(ops=[(wire.OP_ALLOC, [1, 2, 3, 4])], free_blocks=3, running=1,
+                 new_reqs=[wire.NewReq("a", [[1, 2], [3, 4]], 0)], num_scheduled={"a": 64})
+    slide = step(ops=[(wire.OP_FREE, [3]), (wire.OP_ALLOC, [5, 6])], free_blocks=2, running=1,
+                 num_scheduled={"a": 1}, cached_ids=["a"], cached_computed=[64],
+                 nulled=[wire.Nulled("a", 1, [3])], grown_ids=["a"], grown_blocks=[[[5], [6]]])
+    feed(hub, [admit, slide], 3)
+    assert hub.engines["0"].ledger.tables["a"] == [[1, 2, 5], [0, 4, 6]]
+    reg = registry_for(hub)
+    v = reg.get_sample_value
+    full, sliding = ({**L, "kv_group": "0", "kind": "FullAttentionSpec"},
+                     {**L, "kv_group": "1", "kind": "SlidingWindowSpec"})
+    assert (v("vllm_scheduler_kv_group_tail_waste_tokens", full),
+            v("vllm_scheduler_kv_group_tail_waste_tokens", sliding)) == (96 - 65, 96 - 65)
+    assert v("vllm_scheduler_tail_waste_tokens", L) == 2 * (96 - 65)
+    assert (v("vllm_scheduler_kv_group_request_blocks", full),
+            v("vllm_scheduler_kv_group_request_blocks", sliding)) == (3, 2)
+    assert v("vllm_scheduler_used_blocks", L) == 5 and v("kvscope_ledger_synced", L) == 1

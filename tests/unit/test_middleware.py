@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from pathlib import Path
 
@@ -11,19 +12,22 @@ from fastapi.testclient import TestClient
 from kvscope.sidecar.hub import Hub
 from kvscope.sidecar.receiver import Receiver
 from kvscope_probe import wire
-from kvscope_probe.middleware import KVScopeMiddleware
+from kvscope_probe.middleware import MAX_REQUEST_ID, KVScopeMiddleware, prompt_digest
 
 SECRET_PROMPT = "canary-7f3e the quick brown fox"
 
 
 def echo_app() -> FastAPI:
-    """Stands in for vLLM's OpenAI routes: answers with the request ID it was given."""
+    """Stands in for vLLM's OpenAI routes: picks the request ID the way vLLM 0.32's
+    ``_base_request_id`` does (the first X-Request-Id header, else the body's) and
+    answers with it."""
     app = FastAPI()
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> dict[str, object]:
         body = await request.json()
-        return {"id": f"cmpl-{request.headers.get('x-request-id')}", "n": len(body["prompt"])}
+        rid = request.headers.get("x-request-id", body.get("request_id"))
+        return {"id": f"cmpl-{rid}", "n": len(body["prompt"])}
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> dict[str, object]:
@@ -45,38 +49,94 @@ def wait_for(got: list[wire.Record], n: int) -> None:
         time.sleep(0.02)
 
 
-def test_requests_are_tagged_and_reported_without_prompt_text(tmp_path: Path) -> None:
-    endpoint = f"ipc://{tmp_path}/p.sock"
-    hub = Hub()
-    got = collect(hub)
-    rx = Receiver(hub, [endpoint])
-    rx.bind()
-    rx.start()
-    try:
+class Listening:
+    """A real receiver and hub on an ipc endpoint, collecting the client records."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.endpoint = f"ipc://{tmp_path}/p.sock"
+        self.hub = Hub()
+        self.got = collect(self.hub)
+        self.rx = Receiver(self.hub, [self.endpoint])
+
+    def __enter__(self) -> Listening:
+        self.rx.bind()
+        self.rx.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.rx.stop()
+
+    def client(self) -> TestClient:
         app = echo_app()
-        app.add_middleware(KVScopeMiddleware, endpoint=endpoint)
-        client = TestClient(app)
+        app.add_middleware(KVScopeMiddleware, endpoint=self.endpoint)
+        return TestClient(app)
+
+    def calls(self, n: int) -> list[tuple[wire.ClientStart, wire.ClientEnd]]:
+        """The first ``n`` calls, each start with the end that shares its call_id."""
+        wait_for(self.got, 2 * n)
+        ends = {g.call_id: g for g in self.got if isinstance(g, wire.ClientEnd)}
+        return [(s, ends[s.call_id]) for s in self.got if isinstance(s, wire.ClientStart)][:n]
+
+
+def test_requests_are_tagged_and_reported_without_prompt_text(tmp_path: Path) -> None:
+    with Listening(tmp_path) as listening:
+        client = listening.client()
         r = client.post("/v1/completions", json={"model": "tiny", "prompt": SECRET_PROMPT,
                                                  "max_tokens": 8},
-                        headers={"X-Request-Id": "client-chosen", "X-Client-Id": "team-a",
-                                 "User-Agent": "pytest/1", "Authorization": "Bearer sk-123"})
+                        headers={"X-Client-Id": "team-a", "User-Agent": "pytest/1",
+                                 "Authorization": "Bearer sk-123"})
         assert r.status_code == 200 and r.json()["n"] == len(SECRET_PROMPT)
-        rid = r.json()["id"].removeprefix("cmpl-")
+        rid = r.json()["id"].removeprefix("cmpl-")  # nobody chose one: the middleware did
         assert rid.startswith("kvs") and len(rid) == 35
         client.post("/v1/chat/completions", json={"messages": [{"role": "user",
                                                                 "content": SECRET_PROMPT}]})
-        wait_for(got, 4)
-        starts = [g for g in got if isinstance(g, wire.ClientStart)]
-        ends = [g for g in got if isinstance(g, wire.ClientEnd)]
-        assert len(starts) == 2 and len(ends) == 2
-        s = starts[0]
-        assert (s.request_id, s.client_id, s.user_agent, s.max_tokens) == (
-            rid, "team-a", "pytest/1", 8)
-        assert len(s.prompt_hash) == 16 and s.api_key_hash and "sk-123" not in repr(s)
-        assert ends[0].status == 200 and ends[0].duration_s >= 0
-        assert SECRET_PROMPT not in repr(got)
-    finally:
-        rx.stop()
+        (s, e), (chat, _) = listening.calls(2)
+        assert (s.request_id, s.call_id, s.client_id, s.user_agent, s.max_tokens) == (
+            rid, rid, "team-a", "pytest/1", 8)
+        assert s.prompt_sha256 == prompt_digest("completions", {"prompt": SECRET_PROMPT})[0]
+        assert s.api_key_sha256 == hashlib.sha256(b"sk-123").hexdigest()
+        assert chat.endpoint == "chat" and chat.request_id.startswith("kvs")
+        assert e.status == 200 and e.duration_s >= 0 and e.request_id == rid
+        assert SECRET_PROMPT not in repr(listening.got) and "sk-123" not in repr(listening.got)
+
+
+def test_a_callers_request_id_is_kept_as_vllm_would_read_it(tmp_path: Path) -> None:
+    """The header as sent (first one wins, empty counts), else the body's request_id;
+    never replaced. An oversized one is reported by its digest. (Latin-1 bytes need a
+    real server: the test client re-encodes headers; tests/engine sends them.)"""
+    huge = "r" * (MAX_REQUEST_ID + 1)
+    cases = [
+        ([(b"x-request-id", b"team-a/req 1")], {}, "team-a/req 1"),
+        ([(b"X-Request-Id", b"first"), (b"x-request-id", b"second")], {}, "first"),
+        ([(b"x-request-id", b'odd;q="2" \t{}')], {}, 'odd;q="2" \t{}'),
+        ([(b"x-request-id", b"")], {}, ""),
+        ([], {"request_id": "from-the-body"}, "from-the-body"),
+        ([(b"x-request-id", b"header")], {"request_id": "body"}, "header"),
+        ([(b"x-request-id", huge.encode())], {}, huge),
+    ]
+    with Listening(tmp_path) as listening:
+        client = listening.client()
+        for headers, extra, want in cases:
+            r = client.post("/v1/completions", headers=headers,
+                            json={"model": "tiny", "prompt": "w1 w2", **extra})
+            assert r.status_code == 200 and r.json()["id"] == f"cmpl-{want}"
+        calls = listening.calls(len(cases))
+    for (s, e), (_, _, want) in zip(calls, cases, strict=True):
+        assert s.request_id == (want if len(want) <= MAX_REQUEST_ID else
+                                "sha256:" + hashlib.sha256(want.encode()).hexdigest())
+        assert e.request_id == s.request_id and e.call_id == s.call_id
+    assert len({s.call_id for s, _ in calls}) == len(cases)  # unique even when IDs repeat
+
+
+def test_one_request_id_sent_twice_gets_two_calls(tmp_path: Path) -> None:
+    with Listening(tmp_path) as listening:
+        client = listening.client()
+        for status_prompt in ("a", "b"):
+            client.post("/v1/completions", headers={"X-Request-Id": "retry-1"},
+                        json={"prompt": status_prompt})
+        (s1, e1), (s2, e2) = listening.calls(2)
+    assert s1.request_id == s2.request_id == "retry-1"
+    assert s1.call_id != s2.call_id and (e1.call_id, e2.call_id) == (s1.call_id, s2.call_id)
 
 
 def test_a_dead_sidecar_or_odd_body_never_fails_a_request(tmp_path: Path) -> None:

@@ -207,7 +207,7 @@ def test_the_middlewares_emitter_authenticates_through_the_same_transport(
     monkeypatch.setenv("KVSCOPE_PROBE_SECRET", SECRET.decode())
     em = Emitter(ep)
     em.emit(wire.ClientStart(request_id="kvs1", ts=1.0, endpoint="completions", model="tiny",
-                             client_id="c", user_agent="ua", api_key_hash="", prompt_hash="h",
+                             client_id="c", user_agent="ua", api_key_sha256="", prompt_sha256="h",
                              prompt_chars=3, max_tokens=4))
     em.emit(wire.ClientEnd(request_id="kvs1", ts=2.0, status=200, duration_s=1.0))
     wait("the client events at the hub", lambda: len(seen) == 2)

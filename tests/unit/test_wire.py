@@ -20,7 +20,8 @@ def hello(**kw: object) -> wire.Hello:
 
 
 def step(**kw: object) -> wire.Step:
-    base = dict(ts=1.0, ops=[], new_reqs=[], cached_reqs=[], num_scheduled={}, finished=[],
+    base = dict(ts=1.0, ops=[], new_reqs=[], num_scheduled={}, cached_ids=[], cached_computed=[],
+                grown_ids=[], grown_blocks=[], resumed=[], nulled=[], finished=[],
                 preempted=[], preemptions=[], arrivals=[], ends=[], scheduled_tokens=0,
                 token_budget=512, running=0, waiting=0, head_blocks_needed=0, head_req_id="",
                 free_blocks=7,
@@ -48,12 +49,13 @@ def test_round_trip_keeps_every_record_kind() -> None:
 @pytest.mark.parametrize(
     ("parts", "reason"),
     [
-        ([b"kvscope/1"], "parts"),
-        ([b"kvscope/1", b"x", b"y"], "parts"),
+        ([wire.VERSION_TAG], "parts"),
+        ([wire.VERSION_TAG, b"x", b"y"], "parts"),
         ([b"other", b""], "tag"),
-        ([b"kvscope/2", b""], "version"),
-        ([b"kvscope/1", b"\xff\x00garbage"], "malformed"),
-        ([b"kvscope/1", msgspec.msgpack.encode(["0", "s", "not-an-int", 0, 0, []])], "malformed"),
+        ([b"kvscope/1", b""], "version"),  # the per-request-struct format of kvscope 0.1
+        ([wire.VERSION_TAG, b"\xff\x00garbage"], "malformed"),
+        ([wire.VERSION_TAG, msgspec.msgpack.encode(["0", "s", "not-an-int", 0, 0, []])],
+         "malformed"),
     ],
 )
 def test_bad_frames_are_refused_with_a_reason(parts: list[bytes], reason: str) -> None:

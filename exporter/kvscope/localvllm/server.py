@@ -56,6 +56,8 @@ class ServerSpec:
     """Added to the server's environment after the quiet defaults."""
     extra_args: tuple[str, ...] = ()
     """Appended to the command line as given."""
+    python: str = sys.executable
+    """The interpreter (and so the environment) vLLM runs in."""
 
     def __post_init__(self) -> None:
         errors = []
@@ -77,7 +79,7 @@ class ServerSpec:
 def command(spec: ServerSpec) -> list[str]:
     """The server's argv. ``python -m`` because the ``vllm`` console script is broken."""
     return [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        spec.python, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(spec.model_dir),
         "--served-model-name", spec.served_model_name,
         "--host", HOST,

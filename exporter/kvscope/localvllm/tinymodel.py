@@ -1,9 +1,11 @@
-"""A tiny random Llama that vLLM can load and serve on the CPU, built offline.
+"""A tiny random Llama (or Gemma 3) that vLLM can load and serve on the CPU, built offline.
 
 No model can be downloaded where kvscope's tests run, so the engine tests serve a
 2-layer Llama with random weights and a word-level tokenizer whose words are
 ``w0`` .. ``w899`` plus a few English words. Its output is noise; what matters is
-that vLLM's real scheduler and KV-cache manager handle real requests.
+that vLLM's real scheduler and KV-cache manager handle real requests. ``kind="gemma3"``
+builds a 4-layer Gemma 3 text model instead, its sliding-window and full-attention layers
+interleaved, for which vLLM builds two KV cache groups over one pool (a hybrid layout).
 
 ``write_llama_config`` writes only the JSON config (enough for vLLM's
 ``ModelConfig``, which the in-process twin needs); ``make_tiny_model`` writes the
@@ -89,6 +91,51 @@ def llama_config() -> dict[str, Any]:
     }
 
 
+GEMMA3_SLIDING_WINDOW = 64
+"""Tokens the tiny Gemma 3's sliding-window layers attend to: two 32-token blocks."""
+
+
+def gemma3_config() -> dict[str, Any]:
+    """The tiny Gemma 3 text model's Hugging Face config: sliding, full, sliding, full."""
+    return {
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "vocab_size": VOCAB_SIZE,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,  # the CPU attention backend's smallest supported head size
+        "query_pre_attn_scalar": 32,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
+        "rms_norm_eps": 1e-6,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "sliding_window": GEMMA3_SLIDING_WINDOW,
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+        },
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "tie_word_embeddings": True,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 3,
+        "dtype": "float32",
+        "use_cache": True,
+    }
+
+
+MODELS: dict[str, tuple[Any, str, str]] = {
+    "llama": (llama_config, "LlamaConfig", "LlamaForCausalLM"),
+    "gemma3": (gemma3_config, "Gemma3TextConfig", "Gemma3ForCausalLM"),
+}
+"""Kind -> (its config, transformers' config class, transformers' model class)."""
+
+
 def _generation_config() -> dict[str, Any]:
     return {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3}
 
@@ -105,30 +152,31 @@ def _write_json_atomically(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def write_llama_config(dir: Path) -> Path:
-    """Write ``config.json`` and ``generation_config.json`` for the tiny Llama into ``dir``.
+def write_llama_config(dir: Path, kind: str = "llama") -> Path:
+    """Write ``config.json`` and ``generation_config.json`` for the tiny Llama (or the
+    ``kind`` of ``MODELS``) into ``dir``.
 
     Enough for ``vllm.config.ModelConfig(model=dir, skip_tokenizer_init=True)``; no
     weights and no tokenizer. Returns ``dir``.
     """
     dir = Path(dir)
     dir.mkdir(parents=True, exist_ok=True)
-    _write_json_atomically(dir / "config.json", llama_config())
+    _write_json_atomically(dir / "config.json", MODELS[kind][0]())
     _write_json_atomically(dir / "generation_config.json", _generation_config())
     return dir
 
 
-def _stamp() -> str:
+def _stamp(kind: str = "llama") -> str:
     """Identifies what ``make_tiny_model`` writes; a change forces a rebuild."""
-    payload = json.dumps([_STAMP_VERSION, llama_config(), EXTRA_WORDS], sort_keys=True)
+    payload = json.dumps([_STAMP_VERSION, MODELS[kind][0](), EXTRA_WORDS], sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
-def is_complete(dir: Path) -> bool:
+def is_complete(dir: Path, kind: str = "llama") -> bool:
     """True when ``dir`` holds a full model written by this version of ``make_tiny_model``."""
     dir = Path(dir)
     stamp = dir / STAMP_FILE
-    if not stamp.is_file() or stamp.read_text().strip() != _stamp():
+    if not stamp.is_file() or stamp.read_text().strip() != _stamp(kind):
         return False
     return all((dir / name).is_file() for name in _REQUIRED_FILES)
 
@@ -155,46 +203,55 @@ def _write_tokenizer(dir: Path) -> None:
     fast.save_pretrained(str(dir))
 
 
-def _write_weights(dir: Path, seed: int) -> None:
+def _write_weights(dir: Path, seed: int, kind: str) -> None:
     import torch
+    import transformers
     from safetensors.torch import save_file
-    from transformers import LlamaConfig, LlamaForCausalLM
 
+    config, config_cls, model_cls = MODELS[kind]
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(**llama_config()))
-    tensors = {name: t.detach().contiguous() for name, t in model.state_dict().items()}
+    hf_config = getattr(transformers, config_cls)(**config())
+    model = getattr(transformers, model_cls)(hf_config)
+    tensors: dict[str, Any] = {}
+    stored: set[int] = set()
+    for name, t in model.state_dict().items():
+        if t.data_ptr() in stored:  # a tied copy (Gemma's lm_head is its embedding)
+            continue
+        stored.add(t.data_ptr())
+        tensors[name] = t.detach().contiguous()
     save_file(tensors, str(dir / WEIGHTS_FILE), metadata={"format": "pt"})
 
 
-def make_tiny_model(dir: Path, seed: int = 0) -> Path:
-    """Write the full tiny Llama (config, safetensors weights, tokenizer) into ``dir``.
+def make_tiny_model(dir: Path, seed: int = 0, kind: str = "llama") -> Path:
+    """Write the full tiny Llama, or the ``kind`` of ``MODELS`` (config, safetensors
+    weights, tokenizer) into ``dir``.
 
     Deterministic for a ``seed``. Returns at once when ``dir`` is already complete.
     The model is built in a sibling temporary directory and renamed into place, so
     a reader never sees half a model and concurrent callers do not clash.
     """
     dir = Path(dir)
-    if is_complete(dir):
+    if is_complete(dir, kind):
         return dir
     dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=dir.parent, prefix=f".{dir.name}."))
     os.chmod(tmp, 0o755)  # mkdtemp creates 0700
     try:
-        write_llama_config(tmp)
+        write_llama_config(tmp, kind)
         _write_tokenizer(tmp)
-        _write_weights(tmp, seed)
-        (tmp / STAMP_FILE).write_text(_stamp() + "\n")
+        _write_weights(tmp, seed, kind)
+        (tmp / STAMP_FILE).write_text(_stamp(kind) + "\n")
         for path in tmp.iterdir():
             os.chmod(path, 0o644)  # some writers create 0600; the model is shared, not secret
-        _move_into_place(tmp, dir)
+        _move_into_place(tmp, dir, kind)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dir
 
 
-def _move_into_place(tmp: Path, dir: Path) -> None:
+def _move_into_place(tmp: Path, dir: Path, kind: str) -> None:
     """Rename ``tmp`` to ``dir``, replacing a stale ``dir``; a concurrent winner is kept."""
-    if dir.exists() and not is_complete(dir):
+    if dir.exists() and not is_complete(dir, kind):
         stale = Path(tempfile.mkdtemp(dir=dir.parent, prefix=f".{dir.name}.stale."))
         try:
             os.replace(dir, stale / "old")
@@ -204,5 +261,5 @@ def _move_into_place(tmp: Path, dir: Path) -> None:
     try:
         os.rename(tmp, dir)
     except OSError:
-        if not is_complete(dir):  # not a concurrent build that got there first
+        if not is_complete(dir, kind):  # not a concurrent build that got there first
             raise

@@ -96,6 +96,7 @@ class EngineState:
         self.last_step: wire.Step | None = None
         self.last_record_monotonic = time.monotonic()
         self.probe_dropped = 0
+        self.sender_cpu_ns = 0
         self.probe_faults = 0
         self.recent_preemptions: deque[PreemptionSeen] = deque(maxlen=200)
         self.lost_tokens: dict[str, int] = {}
@@ -117,6 +118,7 @@ class EngineState:
             self.ledger.synced = False
         self.next_seq = frame.first_seq + len(frame.records)
         self.probe_dropped = frame.dropped
+        self.sender_cpu_ns = max(self.sender_cpu_ns, frame.sender_cpu_ns)
         self.probe_faults = frame.faults
         self.last_record_monotonic = time.monotonic()
 
@@ -152,25 +154,17 @@ class EngineState:
             seen.append(PreemptionSeen(c.steps, self.engine, self.hello.model, p, maxrun))
         led.apply(s.ops[pos:])
 
-        for rid in s.finished:
-            led.drop_request(rid)
-        for rid in s.preempted:
-            led.drop_request(rid)
         for p in s.preemptions:
             c.preemptions[p.reason if p.reason in c.preemptions else "unknown"] += 1
             c.preempted_tokens += p.computed_tokens_lost
             self.lost_tokens[p.victim] = p.computed_tokens_lost
-        sched = s.num_scheduled
+        led.apply_tables(s)
         for r in s.new_reqs:
-            led.set_table(r.req_id, r.block_ids, r.computed_tokens + sched.get(r.req_id, 0))
             self._resumed(r.req_id, r.computed_tokens)
-        for r in s.cached_reqs:
-            tokens = r.computed_tokens + sched.get(r.req_id, 0)
-            if r.resumed:
-                led.set_table(r.req_id, r.new_block_ids or [], tokens)
-                self._resumed(r.req_id, r.computed_tokens)
-            else:
-                led.extend_table(r.req_id, r.new_block_ids, tokens)
+        if s.resumed:
+            computed = dict(zip(s.cached_ids, s.cached_computed, strict=True))
+            for rid in s.resumed:
+                self._resumed(rid, computed.get(rid, 0))
         for e in s.ends:
             c.ends[e.status] = c.ends.get(e.status, 0) + 1
             self.lost_tokens.pop(e.req_id, None)
@@ -222,6 +216,11 @@ class EngineState:
             ex.min_max_contiguous = self._maxrun
 
     # -- derived -------------------------------------------------------------------------
+    def sampled_max_contiguous_free(self) -> int:
+        """The longest free run as last sampled (at most MAXRUN_SAMPLE_S ago)."""
+        self._sample_maxrun()
+        return self._maxrun
+
     def max_contiguous_free(self) -> int:
         """Fresh value (computed now); also folds into the sampled minimum."""
         self._sample_maxrun(force=True)

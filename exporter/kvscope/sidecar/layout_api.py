@@ -52,7 +52,8 @@ def snapshot_json(s: Snapshot, max_runs: int) -> dict[str, Any]:
         "truncated": int(s.runs.shape[0]) > max_runs,
         "owners": [
             {"req_id": o.req_id, "blocks": o.blocks, "fragments": o.fragments,
-             "tokens": o.tokens, "shared_blocks": o.shared_blocks}
+             "tokens": o.tokens, "shared_blocks": o.shared_blocks,
+             "groups": [t.as_json(g) for g, t in enumerate(o.groups)]}
             for o in s.owners
         ],
     }

@@ -8,7 +8,10 @@ ClickHouse table and the PNG read it.
 
 Block state is pool-wide. With one KV cache group every block is in group 0; with several,
 an allocated block is in the group whose table lists it, and free, cached and null blocks
-are shared (group -1). Pure functions: no lock, no I/O.
+are shared (group -1). Each owner also keeps its block table per group as runs of
+consecutive IDs, ``(first, length)``, where ``first == 0`` is a run of null placeholders
+(a sliding-window or Mamba group nulls the entries it no longer needs). Pure functions:
+no lock, no I/O.
 """
 
 from __future__ import annotations
@@ -27,6 +30,44 @@ STATE_NAMES = ("free", "cached", "allocated", "null")
 SHARED_GROUP = -1
 NO_OWNER = -1
 
+TableRuns = tuple[tuple[int, int], ...]
+"""One group's block table as (first block ID, length) runs; first 0: null placeholders."""
+
+
+def table_runs(ids: list[int]) -> TableRuns:
+    """``[0, 0, 7, 8, 9, 4]`` -> ``((0, 2), (7, 3), (4, 1))``."""
+    runs: list[list[int]] = []
+    for i in ids:
+        if runs and ((i == 0 and runs[-1][0] == 0)
+                     or (i > 0 and runs[-1][0] > 0 and i == runs[-1][0] + runs[-1][1])):
+            runs[-1][1] += 1
+        else:
+            runs.append([max(i, 0), 1])
+    return tuple((a, n) for a, n in runs)
+
+
+@dataclass(frozen=True)
+class GroupTable:
+    """A request's block table in one KV cache group."""
+
+    runs: TableRuns
+
+    @property
+    def blocks(self) -> int:
+        return sum(n for a, n in self.runs if a > 0)
+
+    @property
+    def null_blocks(self) -> int:
+        return sum(n for a, n in self.runs if a == 0)
+
+    @property
+    def fragments(self) -> int:
+        return sum(1 for a, _ in self.runs if a > 0)
+
+    def as_json(self, group: int) -> dict[str, Any]:
+        return {"group": group, "blocks": self.blocks, "null_blocks": self.null_blocks,
+                "fragments": self.fragments, "table": [list(r) for r in self.runs]}
+
 
 @dataclass(frozen=True)
 class Owner:
@@ -41,6 +82,8 @@ class Owner:
     """Computed tokens."""
     shared_blocks: int
     """Of its blocks, those an earlier-listed request also holds (prefix-cache sharing)."""
+    groups: tuple[GroupTable, ...] = ()
+    """Its block table in each KV cache group, in group order."""
 
 
 @dataclass(frozen=True)
@@ -155,7 +198,8 @@ def build_snapshot(c: EngineCopy, ts: float) -> Snapshot:
                 group[a] = g
             total += a.size
             frags += fragments(ids)
-        owners.append(Owner(rid, total, frags, c.tokens.get(rid, 0), shared))
+        tables = tuple(GroupTable(table_runs(ids)) for ids in table)
+        owners.append(Owner(rid, total, frags, c.tokens.get(rid, 0), shared, tables))
     used = arr == wire.STATE_USED
     owner[~used] = NO_OWNER
     if multi:
@@ -175,7 +219,8 @@ def build_snapshot(c: EngineCopy, ts: float) -> Snapshot:
         max_contiguous_free=int(free_runs.max()) if free_runs.size else 0,
         budget_utilization=c.budget_utilization,
         running=last.running if last else 0, waiting=last.waiting if last else 0,
-        cost=runs.nbytes + 96 * len(owners) + 256, server=c.server,
+        cost=runs.nbytes + sum(96 + 16 * sum(len(t.runs) for t in o.groups) for o in owners)
+        + 256, server=c.server,
     )
 
 
@@ -183,7 +228,9 @@ def layout_rows(snap: Snapshot) -> list[dict[str, Any]]:
     """Rows of ``layout_snapshots`` (clickhouse/schema/050_layout_snapshots.sql) for one
     snapshot: one row, as a list so a sink can extend its batch. ``states``,
     ``block_group`` (-1 shared) and ``owner`` have one entry per block; ``owner`` is
-    1-based as ClickHouse arrays are: 0 none, i means ``owner_req_ids[i]``. ``ts`` is epoch
+    1-based as ClickHouse arrays are: 0 none, i means ``owner_req_ids[i]``;
+    ``owner_group_runs`` holds, per owner and group, its table's runs flattened (first,
+    length, first, length, ...). ``ts`` is epoch
     seconds (float) as in ``kvscope.sinks.rows``; the writer makes it a DateTime64."""
     states, owner, group = decode_runs(snap.runs)
     return [{
@@ -208,5 +255,7 @@ def layout_rows(snap: Snapshot) -> list[dict[str, Any]]:
         "owner_req_ids": [o.req_id for o in snap.owners],
         "owner_blocks": [o.blocks for o in snap.owners],
         "owner_fragments": [o.fragments for o in snap.owners],
+        "owner_group_runs": [[[x for r in t.runs for x in r] for t in o.groups]
+                             for o in snap.owners],
         "server": snap.server,
     }]

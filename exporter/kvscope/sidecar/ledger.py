@@ -27,7 +27,12 @@ class Ledger:
         self.cached = 0
         self.synced = False
         self.tables: dict[str, list[list[int]]] = {}
-        self.tokens: dict[str, int] = {}
+        """Block table of every running request, one list per KV group; block 0 is vLLM's
+        null block (a placeholder for blocks a sliding window released)."""
+        self.computed: dict[str, int] = {}
+        """Computed tokens of each request when it was last scheduled, ..."""
+        self.scheduled: dict[str, int] = {}
+        """... and the tokens scheduled for it then: their sum is what it holds now."""
 
     # -- block operations -------------------------------------------------------
     def apply(self, ops: list[tuple[int, list[int]]]) -> None:
@@ -35,9 +40,9 @@ class Ledger:
         st = self.states
         n = self.num_blocks
         for kind, ids in ops:
-            for i in ids:
-                if not 0 < i < n:
-                    raise ValueError(f"block id {i} outside pool of {n}")
+            if ids and (min(ids) <= 0 or max(ids) >= n):
+                bad = next(i for i in ids if not 0 < i < n)
+                raise ValueError(f"block id {bad} outside pool of {n}")
             if kind == wire.OP_ALLOC:
                 for i in ids:
                     s = st[i]
@@ -73,13 +78,15 @@ class Ledger:
             raise ValueError(f"keyframe has {len(kf.states)} blocks, pool has {self.num_blocks}")
         mismatch = self.synced and (
             bytes(self.states) != kf.states or self._tables_differ(kf)
+            or self.tokens != kf.tokens
         )
         self.states = bytearray(kf.states)
         arr = self.array()
         self.free = int(np.count_nonzero(arr <= _FREE_MAX))
         self.cached = int(np.count_nonzero(arr == wire.STATE_CACHED))
         self.tables = {k: [list(g) for g in v] for k, v in kf.tables.items()}
-        self.tokens = dict(kf.tokens)
+        self.computed = dict(kf.tokens)
+        self.scheduled = {}
         self.synced = True
         return mismatch
 
@@ -111,30 +118,78 @@ class Ledger:
     def used(self) -> int:
         return self.usable_blocks - self.free
 
+    @property
+    def tokens(self) -> dict[str, int]:
+        """Tokens each running request holds (computed, this step's included)."""
+        sched = self.scheduled
+        return {r: n + sched.get(r, 0) for r, n in self.computed.items() if r in self.tables}
+
     def tail_waste_tokens(self) -> int:
-        """Reserved but unfilled token slots in running requests' blocks."""
-        waste = 0
+        """Reserved but unfilled token slots in running requests' blocks, all groups."""
+        return sum(self.group_figures()[0])
+
+    def tail_waste_by_group(self) -> list[int]:
+        return self.group_figures()[0]
+
+    def blocks_by_group(self) -> list[int]:
+        return self.group_figures()[1]
+
+    def group_figures(self) -> tuple[list[int], list[int]]:
+        """Per KV group, in one pass over the running requests' tables:
+
+        - tail waste: slots reserved in the group's blocks beyond the tokens they hold. A
+          block a sliding window released (now the null block) held a full block of
+          tokens that left the window: it is no waste, and the formula counts it as full;
+        - blocks held: table entries that are not the null block (a block shared by two
+          tables counts in each).
+        """
         sizes = self.group_block_sizes
+        waste = [0] * len(sizes)
+        held = [0] * len(sizes)
+        computed, sched = self.computed, self.scheduled
         for rid, groups in self.tables.items():
-            tokens = self.tokens.get(rid, 0)
-            for bs, ids in zip(sizes, groups, strict=False):
-                waste += max(0, len(ids) * bs - tokens)
-        return waste
+            n = computed.get(rid, 0) + sched.get(rid, 0)
+            for g, ids in enumerate(groups[:len(sizes)]):
+                k = len(ids)
+                if k * sizes[g] > n:
+                    waste[g] += k * sizes[g] - n
+                held[g] += k - ids.count(0)
+        return waste, held
 
     # -- request tables -----------------------------------------------------------------
     def drop_request(self, req_id: str) -> None:
         self.tables.pop(req_id, None)
-        self.tokens.pop(req_id, None)
+        self.computed.pop(req_id, None)
+        self.scheduled.pop(req_id, None)
 
-    def set_table(self, req_id: str, block_ids: list[list[int]], tokens: int) -> None:
-        self.tables[req_id] = [list(g) for g in block_ids]
-        self.tokens[req_id] = tokens
-
-    def extend_table(self, req_id: str, new_ids: list[list[int]] | None, tokens: int) -> None:
-        table = self.tables.setdefault(req_id, [[] for _ in self.group_block_sizes])
-        if new_ids:
-            while len(table) < len(new_ids):
+    def apply_tables(self, s: wire.Step) -> None:
+        """One step's changes to the running requests' tables and token counts."""
+        tables = self.tables
+        for rid in s.finished:
+            self.drop_request(rid)
+        for rid in s.preempted:
+            self.drop_request(rid)
+        for n in s.nulled:  # before the tables grow: a released block may come back
+            table = tables.get(n.req_id)
+            if table is not None and 0 <= n.group < len(table):
+                gone = set(n.block_ids)
+                table[n.group] = [0 if b in gone else b for b in table[n.group]]
+        for r in s.new_reqs:
+            tables[r.req_id] = [list(g) for g in r.block_ids]
+            self.computed[r.req_id] = r.computed_tokens
+        self.computed.update(zip(s.cached_ids, s.cached_computed, strict=True))
+        self.scheduled.update(s.num_scheduled)
+        for rid, n in s.rolled_back.items():
+            if rid in tables:
+                self.computed[rid] = n
+                self.scheduled[rid] = 0
+        resumed = s.resumed
+        for rid, groups in zip(s.grown_ids, s.grown_blocks, strict=True):
+            table = tables.get(rid)
+            if table is None or rid in resumed:
+                tables[rid] = [list(g) for g in groups]
+                continue
+            while len(table) < len(groups):
                 table.append([])
-            for g, ids in enumerate(new_ids):
+            for g, ids in enumerate(groups):
                 table[g].extend(ids)
-        self.tokens[req_id] = tokens

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from kvscope.sidecar.auth import REASONS as REFUSALS
-from kvscope.sidecar.clients import ClientStats
+from kvscope.sidecar.client_stats import ClientStats
 from kvscope.sidecar.engine import EngineState
 from kvscope.sidecar.gpu import GpuReader
 from kvscope.sidecar.hub import Hub
@@ -42,7 +42,8 @@ DOCS = {
     ),
     "kvscope_client_traces_joined": "Request traces joined to a client event.",
     "kvscope_client_traces_unjoined": (
-        "Middleware-tagged traces written without client fields (event never arrived)."
+        "Completion and chat traces written without client fields: no client event "
+        "arrived, or concurrent calls shared the request ID."
     ),
     "kvscope_engine_info": ("Static facts about an engine the probe reports."),
     "vllm_scheduler_steps": ("Scheduler steps (schedule() calls)."),
@@ -90,6 +91,14 @@ DOCS = {
     "vllm_scheduler_tail_waste_tokens": (
         "Token slots reserved but unfilled in the blocks of running requests."
     ),
+    "vllm_scheduler_kv_group_tail_waste_tokens": (
+        "Tail waste per KV cache group (hybrid models have one group per attention kind). "
+        "A block a sliding window released held a full block: it is not waste."
+    ),
+    "vllm_scheduler_kv_group_request_blocks": (
+        "Blocks in running requests' tables per KV cache group, null placeholders "
+        "excluded; a block shared by two tables counts twice."
+    ),
     "vllm_scheduler_kv_block_usage_ratio": (
         "Used blocks / usable blocks (vLLM's kv_cache_usage_perc)."
     ),
@@ -126,7 +135,10 @@ DOCS = {
         "Records the probe dropped instead of blocking vLLM (as it reports them)."
     ),
     "kvscope_probe_faults": ("Errors the probe contained inside vLLM."),
-    "kvscope_probe_overhead_seconds": ("Engine-thread time the probe spent building step records."),
+    "kvscope_probe_overhead_seconds": (
+        "Time the probe spent in the engine process, by thread: on the engine thread its "
+        "step records and wrappers (wall time), on its sender thread (CPU time)."
+    ),
     "kvscope_engine_schedule_seconds": ("Time vLLM spent in schedule()."),
     "kvscope_ledger_gaps": ("Gaps in the probe's record sequence."),
     "kvscope_ledger_mismatches": ("Self-checks (keyframes, free counts) the ledger failed."),
@@ -276,8 +288,15 @@ class KVScopeCollector:
         for le in RUN_BUCKETS:
             rb.add_metric(lv + [str(le)], int((runs <= le).sum()))
         rb.add_metric(lv + ["+Inf"], int(runs.size))
-        waste = led.tail_waste_tokens()
+        by_group, held = led.group_figures()
+        waste = sum(by_group)
         f.g("vllm_scheduler_tail_waste_tokens").add_metric(lv, waste)
+        gw = f.g("vllm_scheduler_kv_group_tail_waste_tokens", EL + ["kv_group", "kind"])
+        gb = f.g("vllm_scheduler_kv_group_request_blocks", EL + ["kv_group", "kind"])
+        for g, (group, w, n) in enumerate(zip(st.hello.kv_groups, by_group,
+                                              held, strict=False)):
+            gw.add_metric(lv + [str(g), group.kind], w)
+            gb.add_metric(lv + [str(g), group.kind], n)
         usable = led.usable_blocks or 1
         f.g("vllm_scheduler_kv_block_usage_ratio").add_metric(lv, led.used / usable)
         slots = led.used * bs
@@ -301,7 +320,9 @@ class KVScopeCollector:
         c = st.counters
         f.c("kvscope_probe_records_dropped").add_metric(lv, st.probe_dropped)
         f.c("kvscope_probe_faults").add_metric(lv, st.probe_faults)
-        f.c("kvscope_probe_overhead_seconds").add_metric(lv, c.probe_seconds)
+        over = f.c("kvscope_probe_overhead_seconds", [*EL, "thread"])
+        over.add_metric([*lv, "engine"], c.probe_seconds)
+        over.add_metric([*lv, "sender"], st.sender_cpu_ns / 1e9)
         f.c("kvscope_engine_schedule_seconds").add_metric(lv, c.schedule_seconds)
         f.c("kvscope_ledger_gaps").add_metric(lv, c.gaps)
         f.c("kvscope_ledger_mismatches").add_metric(lv, c.ledger_mismatches)

@@ -74,12 +74,14 @@ class RequestTracker:
         self.live: dict[str, OrderedDict[str, _Live]] = {}
         self.seconds: dict[str, _Second] = {}
         self.blocked_since: dict[str, float] = {}
+        self.prefilling: dict[str, set[str]] = {}
         self.evicted = 0
 
     # -- dispatch -----------------------------------------------------------------
     def on_event(self, kind: str, st: EngineState, payload: object) -> None:
         if kind == "hello":
             self.live[st.key] = OrderedDict()
+            self.prefilling[st.key] = set()
             self.seconds.pop(st.key, None)
         elif kind == "step":
             self._step(st, payload)  # type: ignore[arg-type]
@@ -111,61 +113,98 @@ class RequestTracker:
 
     # -- steps ----------------------------------------------------------------------
     def _step(self, st: EngineState, s: wire.Step) -> None:
+        """Rows for one step. Runs after the ledger applied it: per-request work is done
+        only for requests that arrived, were admitted, resumed, grew or ended."""
         reqs = self._reqs(st)
         led = st.ledger
         free = led.free if led.synced else -1
+        pending = self._pending(st)
         for a in s.arrivals:
             reqs[a.req_id] = _Live(a.arrival_time, a.prompt_len, a.max_tokens)
             self._event(st, a.arrival_time, a.req_id, "queued", tokens=0)
-        maxrun = led.max_contiguous_free() if (s.new_reqs and led.synced) else -1
+        # Sampled (at most MAXRUN_SAMPLE_S old): a scan of the pool per admitting step
+        # would cost the sidecar more than the rest of the step at 128k blocks.
+        maxrun = st.sampled_max_contiguous_free() if (s.new_reqs and led.synced) else -1
         for r in s.new_reqs:
             live = reqs.get(r.req_id) or reqs.setdefault(r.req_id, _Live(s.ts))
             first = live.admitted_ts < 0
             if first:
                 live.admitted_ts, live.free_at_alloc, live.maxrun_at_alloc = s.ts, free, maxrun
                 live.cached_tokens = r.computed_tokens
-            self._set_table(live, r.block_ids)
-            tokens = r.computed_tokens + s.num_scheduled.get(r.req_id, 0)
+            self._set_table(live, led.tables.get(r.req_id, r.block_ids))
             self._event(st, s.ts, r.req_id, "admitted" if first else "resumed",
                         blocks=live.blocks, total_blocks=live.blocks, free_blocks=free,
-                        max_contiguous_free=maxrun, tokens=tokens)
+                        max_contiguous_free=maxrun, tokens=self._tokens(led, r.req_id))
             if not first:
                 self._resumed(st, s, live, r.req_id, r.computed_tokens)
-            self._first_token(live, s.ts, tokens)
-        for c in s.cached_reqs:
-            live = reqs.get(c.req_id)
+            pending.add(r.req_id)
+        for n in s.nulled:
+            live = reqs.get(n.req_id)
+            if live is not None and n.req_id in led.tables:
+                self._set_table(live, led.tables[n.req_id])
+        resumed = s.resumed
+        for rid, groups in zip(s.grown_ids, s.grown_blocks, strict=True):
+            live = reqs.get(rid)
             if live is None:
                 continue
-            tokens = c.computed_tokens + s.num_scheduled.get(c.req_id, 0)
-            if c.resumed:
-                self._set_table(live, c.new_block_ids or [])
-                self._event(st, s.ts, c.req_id, "resumed", blocks=live.blocks,
+            tokens = self._tokens(led, rid)
+            if rid in resumed:
+                self._set_table(live, groups)
+                self._event(st, s.ts, rid, "resumed", blocks=live.blocks,
                             total_blocks=live.blocks, free_blocks=free, tokens=tokens)
-                self._resumed(st, s, live, c.req_id, c.computed_tokens)
-            elif c.new_block_ids and any(c.new_block_ids):
-                n = self._extend_table(live, c.new_block_ids)
-                self._event(st, s.ts, c.req_id, "allocated", blocks=n,
+                hits = led.computed.get(rid, 0)
+                self._resumed(st, s, live, rid, hits)
+                pending.add(rid)
+            elif any(groups):
+                n = self._extend_table(live, groups)
+                self._event(st, s.ts, rid, "allocated", blocks=n,
                             total_blocks=live.blocks, free_blocks=free, tokens=tokens)
-            self._first_token(live, s.ts, tokens)
+        self._first_tokens(reqs, pending, led, s)
         for e in s.ends:
+            pending.discard(e.req_id)
             self._end(st, e, reqs.pop(e.req_id, None))
         self._admission(st, s)
         self._rollup(st, s)
         while len(reqs) > MAX_LIVE_REQUESTS:
-            reqs.popitem(last=False)
+            rid, _ = reqs.popitem(last=False)
+            pending.discard(rid)
             self.evicted += 1
 
-    def _first_token(self, live: _Live, ts: float, tokens: int) -> None:
-        if live.first_token_ts < 0 and live.prompt_len and tokens >= live.prompt_len:
-            live.first_token_ts = ts
+    def _pending(self, st: EngineState) -> set[str]:
+        """Requests admitted whose first output token has not been seen yet."""
+        return self.prefilling.setdefault(st.key, set())
+
+    @staticmethod
+    def _tokens(led: Any, rid: str) -> int:
+        return led.computed.get(rid, 0) + led.scheduled.get(rid, 0)
+
+    def _first_tokens(self, reqs: OrderedDict[str, _Live], pending: set[str], led: Any,
+                      s: wire.Step) -> None:
+        sched = s.num_scheduled
+        for rid in [r for r in pending if r in sched]:
+            live = reqs.get(rid)
+            if live is None:
+                pending.discard(rid)
+            elif live.first_token_ts >= 0:
+                pending.discard(rid)
+            elif live.prompt_len and self._tokens(led, rid) >= live.prompt_len:
+                live.first_token_ts = s.ts
+                pending.discard(rid)
 
     def _set_table(self, live: _Live, groups: list[list[int]]) -> None:
-        live.blocks = sum(len(g) for g in groups)
+        """Blocks held (null placeholders excluded) and their runs, from a whole table."""
+        live.blocks = 0
         live.fragments = 0
         live.last_ids = []
         for ids in groups:
-            live.fragments += sum(1 for i, b in enumerate(ids) if i == 0 or b != ids[i - 1] + 1)
-            live.last_ids.append(ids[-1] if ids else -2)
+            prev = -2
+            for b in ids:
+                if b == 0:  # vLLM's null block: a placeholder, not a held block
+                    continue
+                live.blocks += 1
+                live.fragments += b != prev + 1
+                prev = b
+            live.last_ids.append(prev)
         live.peak_blocks = max(live.peak_blocks, live.blocks)
 
     def _extend_table(self, live: _Live, groups: list[list[int]]) -> int:

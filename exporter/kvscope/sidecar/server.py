@@ -12,6 +12,7 @@ from kvscope.config import ServeConfig
 from kvscope.sidecar.app import create_app
 from kvscope.sidecar.clients import ClientJoin
 from kvscope.sidecar.gpu import GpuReader
+from kvscope.sidecar.hashkey import Keyer, load_or_create
 from kvscope.sidecar.hub import Hub
 from kvscope.sidecar.layout import LayoutSampler
 from kvscope.sidecar.layout_api import layout_router
@@ -38,6 +39,7 @@ class Sidecar:
     def __init__(self, cfg: ServeConfig) -> None:
         cfg.validate()
         self.cfg = cfg
+        keyer = Keyer(load_or_create(cfg.hash_key_file, cfg.data_dir))  # never logged
         self.hub = Hub(health_timeout_s=cfg.health_timeout_s)
         self.sinks = SinkManager()
         if cfg.decision_log != "off":
@@ -63,7 +65,7 @@ class Sidecar:
                         f"({type(exc).__name__}); is another kvscope using it? "
                         "Use --data-dir or --clickhouse-dsn") from None
             self.sinks.add(store)
-        self.clients = ClientJoin(self.sinks.emit)
+        self.clients = ClientJoin(self.sinks.emit, keyer=keyer)
         self.tracker = RequestTracker(self._route)
         self.hub.listeners.append(self.tracker.on_event)
         self.hub.client_listeners.append(self.clients.on_client)

@@ -21,7 +21,8 @@ from kvscope.sinks.rows import TABLES
 
 TIMESTAMP = pa.timestamp("ms", tz="UTC")
 _TYPES = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": pa.bool_(),
-          "list[int]": pa.list_(pa.int64()), "list[str]": pa.list_(pa.string())}
+          "list[int]": pa.list_(pa.int64()), "list[str]": pa.list_(pa.string()),
+          "list[list[list[int]]]": pa.list_(pa.list_(pa.list_(pa.int64())))}
 
 
 def is_time(column: str) -> bool:

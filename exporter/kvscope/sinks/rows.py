@@ -42,7 +42,9 @@ class RequestTrace:
     free_blocks_at_alloc: int
     """Free blocks right after the step that first admitted it (-1 unknown)."""
     max_contiguous_free_blocks_at_alloc: int
-    """Longest free run right after that step (-1 unknown)."""
+    """Longest run of consecutive free block IDs around that step: the sidecar samples it
+    at most 0.1 s apart, as scanning the pool on every admitting step would cost more
+    than the rest of the step (-1 unknown)."""
     arrival_ts: float
     queue_seconds: float
     """Arrival to first admission (-1 never admitted)."""
@@ -142,7 +144,8 @@ class ClientRequest:
     ts: float
     """When the HTTP answer was sent (API-server clock)."""
     request_id: str
-    """The X-Request-Id the middleware gave vLLM."""
+    """The request's ID as vLLM used it (the caller's X-Request-Id or body request_id, else
+    the middleware's); ``sha256:<hex>`` of it when longer than 128 characters."""
     engine_request_ids: str
     """Engine request IDs joined to it, comma-separated ("" if none joined yet)."""
     model: str
@@ -188,6 +191,7 @@ class LayoutSnapshotRow:
     owner_req_ids: list[str]
     owner_blocks: list[int]
     owner_fragments: list[int]
+    owner_group_runs: list[list[list[int]]]
     server: str = ""
     """The engine's vLLM server (kvscope_probe.identity); "" outside an API server."""
 

@@ -10,6 +10,13 @@ from kvscope.localvllm.tinymodel import MAX_POSITION_EMBEDDINGS
 Policy = Literal["fcfs", "priority"]
 POLICIES: tuple[Policy, ...] = ("fcfs", "priority")
 
+Layout = Literal["full", "full+sliding", "sliding", "mamba-hybrid"]
+LAYOUTS: tuple[Layout, ...] = ("full", "full+sliding", "sliding", "mamba-hybrid")
+"""KV layouts of the models vLLM serves (see ``kvscope.twin.layout`` for their layers):
+full attention only (Llama); sliding-window and full-attention layers interleaved
+(Gemma 2/3, gpt-oss); sliding window only (Mistral 7B v0.1); Mamba and full-attention
+layers (Jamba, Nemotron-H, granite-4.0-h)."""
+
 BLOCK_SIZE_MULTIPLE = 16
 """vLLM's attention backends take block sizes that are multiples of 16 (CUDA, ROCm) or
 32 (the CPU backend). The twin runs no attention, so it accepts the looser rule."""
@@ -40,6 +47,33 @@ class TwinConfig:
     enable_prefix_caching: bool = True
     """Reuse KV blocks of identical prompt prefixes (``--enable-prefix-caching``)."""
 
+    layout: Layout = "full"
+    """The model's KV layout: which KV cache groups vLLM builds over the one pool."""
+
+    sliding_window: int = 128
+    """Tokens a sliding-window layer attends to (the model config's ``sliding_window``);
+    used by the ``full+sliding`` and ``sliding`` layouts."""
+
+    async_scheduling: bool = False
+    """vLLM's ``AsyncScheduler`` with one step in flight (``--async-scheduling``, the
+    default on GPUs); False: the synchronous ``Scheduler`` (the CPU build's only one)."""
+
+    num_speculative_tokens: int = 0
+    """Draft tokens per step of a draft-model speculator (``--speculative-config
+    '{"method": "draft_model", "num_speculative_tokens": N}'``); N > 0 also reserves N
+    lookahead slots in every allocation. 0: no speculative decoding."""
+
+    def layout_summary(self) -> str:
+        """The KV layout and scheduler in one line: ``full+sliding (window 128 tokens),
+        AsyncScheduler, 2 draft tokens/step``."""
+        parts = [self.layout]
+        if self.layout in ("full+sliding", "sliding"):
+            parts[0] += f" (window {self.sliding_window} tokens)"
+        parts.append("AsyncScheduler" if self.async_scheduling else "Scheduler")
+        if self.num_speculative_tokens:
+            parts.append(f"{self.num_speculative_tokens} draft tokens/step")
+        return ", ".join(parts)
+
     def validate(self) -> list[str]:
         """Every problem with this config, one sentence each; empty when it is usable."""
         errors: list[str] = []
@@ -64,11 +98,21 @@ class TwinConfig:
                 f"max_model_len must be between 1 and {MAX_POSITION_EMBEDDINGS} "
                 f"(the tiny model's positions), got {self.max_model_len}."
             )
-        if self.block_size > 0 and self.num_blocks >= 2:
+        if self.layout not in LAYOUTS:
+            errors.append(f"layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}.")
+        if self.sliding_window < 1:
+            errors.append(f"sliding_window must be at least 1, got {self.sliding_window}.")
+        if self.num_speculative_tokens < 0:
+            errors.append(
+                f"num_speculative_tokens must not be negative, got {self.num_speculative_tokens}."
+            )
+        if self.block_size > 0 and self.num_blocks >= 2 and self.layout != "sliding":
             capacity = (self.num_blocks - 1) * self.block_size
             if capacity < self.max_model_len:
                 # vLLM refuses to start when one full-length request cannot fit; the
-                # scheduler would otherwise preempt that request forever.
+                # scheduler would otherwise preempt that request forever. A layout with a
+                # full-attention group needs at least this; vLLM's own check (run when
+                # the scheduler is built) also counts the other groups.
                 errors.append(
                     f"the pool holds {capacity} tokens ((num_blocks - 1) * block_size), "
                     f"fewer than max_model_len ({self.max_model_len})."

@@ -1,13 +1,14 @@
 """A model-free engine loop around vLLM's real scheduler: the twin of a vLLM server.
 
-``Twin.step`` does what ``EngineCore.step`` does, with the model replaced by a
-stand-in that samples one random token per request that finished its prefill. Block
-allocation, prefix caching, admission and preemption are vLLM's own code.
+``Twin.step`` does what ``EngineCore`` does per step, with the model replaced by a
+stand-in (``kvscope.twin.standin``): ``EngineCore.step`` for the synchronous scheduler,
+``EngineCore.step_with_batch_queue`` for the async one (``v1/engine/core.py``: a step
+is scheduled while the previous one is in flight; its output is fed back one step
+later). Block allocation, prefix caching, admission and preemption are vLLM's own code.
 """
 
 from __future__ import annotations
 
-import random
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -22,7 +23,8 @@ from kvscope.twin._vllm import (
 )
 from kvscope.twin.config import TwinConfig
 from kvscope.twin.scheduler import build_scheduler, request_block_hasher
-from kvscope.twin.workload import TOKEN_ID_MAX, TOKEN_ID_MIN, TwinRequest
+from kvscope.twin.standin import StandInModel
+from kvscope.twin.workload import TwinRequest
 
 StepCallback = Callable[[int, SchedulerOutput], None]
 """Called after every step with the step's index in the run and its ``SchedulerOutput``."""
@@ -33,7 +35,8 @@ class TwinResult:
     """What one ``Twin.run`` did."""
 
     steps: int
-    """Scheduler steps taken (idle gaps between arrivals are skipped, not stepped)."""
+    """``schedule()`` calls (idle gaps between arrivals are skipped, not stepped; the
+    async engine's last steps that only collect in-flight outputs are not counted)."""
     finished: int
     """Requests that finished during the run."""
     preemptions: int
@@ -55,7 +58,14 @@ class Twin:
         self.cfg = cfg
         self.scheduler: Scheduler = build_scheduler(cfg, scheduler_cls)
         self._block_hasher = request_block_hasher(self.scheduler)
-        self._rng = random.Random(seed)
+        self.model = StandInModel(self.scheduler, seed)
+        # EngineCore keeps a batch queue when more than one batch may be in flight
+        # (v1/engine/core.py __init__: batch_queue_size = max_concurrent_batches).
+        size = self.scheduler.vllm_config.max_concurrent_batches
+        self._batch_queue_size = size
+        self._batch_queue: deque[tuple[SchedulerOutput, ModelRunnerOutput]] | None = (
+            deque() if size > 1 else None
+        )
         self._last_arrival = 0.0
         self.finished = 0
         """Requests finished since the twin was built."""
@@ -86,26 +96,45 @@ class Twin:
         )
 
     def has_work(self) -> bool:
-        """True while a request is queued, running, or finished but not yet reported."""
-        return self.scheduler.has_requests()
+        """True while a request is queued, running, in flight, or finished but not yet
+        reported."""
+        return self.scheduler.has_requests() or bool(self._batch_queue)
 
-    def step(self) -> SchedulerOutput:
-        """One engine step: schedule, fake the model's output, feed it back."""
-        out = self.scheduler.schedule()
-        req_ids = list(out.num_scheduled_tokens)
-        requests = self.scheduler.requests
-        sampled = [[] if requests[rid].is_prefill_chunk else [self._sample()] for rid in req_ids]
-        model_output = ModelRunnerOutput(
-            req_ids=req_ids,
-            req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
-            sampled_token_ids=sampled,
-        )
-        for engine_outputs in self.scheduler.update_from_output(out, model_output).values():
-            self.finished += sum(o.finish_reason is not None for o in engine_outputs.outputs)
+    def step(self) -> SchedulerOutput | None:
+        """One engine step; returns the output it scheduled (None: it only collected the
+        output of a step in flight)."""
+        if self._batch_queue is None:
+            out = self.scheduler.schedule()
+            self._update(out, self.model.execute(out))
+            # EngineCore.post_step: a synchronous engine hands the drafts over itself.
+            drafts = self.model.take_draft_token_ids()
+            if drafts is not None and out.total_num_scheduled_tokens > 0:
+                self.scheduler.update_draft_token_ids(drafts)
+            return out
+        return self._step_with_batch_queue(self._batch_queue)
+
+    def _step_with_batch_queue(
+        self, queue: deque[tuple[SchedulerOutput, ModelRunnerOutput]]
+    ) -> SchedulerOutput | None:
+        """``EngineCore.step_with_batch_queue``: schedule while the queue has room, feed
+        back the oldest step's output once it is full (or nothing is left to schedule)."""
+        out = None
+        if self.scheduler.has_requests():
+            out = self.scheduler.schedule()
+            queue.appendleft((out, self.model.execute(out)))
+            executed = out.total_num_scheduled_tokens > 0
+            if len(queue) < self._batch_queue_size and (
+                executed or self.scheduler.has_requests()
+            ):
+                return out
+        elif not queue:
+            return None
+        self._update(*queue.pop())
         return out
 
-    def _sample(self) -> int:
-        return self._rng.randrange(TOKEN_ID_MIN, TOKEN_ID_MAX)
+    def _update(self, out: SchedulerOutput, model_output: ModelRunnerOutput) -> None:
+        for engine_outputs in self.scheduler.update_from_output(out, model_output).values():
+            self.finished += sum(o.finish_reason is not None for o in engine_outputs.outputs)
 
     def run(
         self,
@@ -132,6 +161,8 @@ class Twin:
             while pending and pending[0].arrival_step <= clock:
                 self.add(pending.popleft())
             out = self.step()
+            if out is None:
+                continue
             preemptions += len(out.preempted_req_ids)
             scheduled_tokens += out.total_num_scheduled_tokens
             if on_step is not None:

@@ -36,7 +36,7 @@ class ProbedTwin:
         self.rec = Recorder(self.scheduler, ring_size=ring_size,
                             keyframe_interval_s=keyframe_interval_s)
         plugin.bind(self.scheduler, self.rec)
-        self.rec.push(("hello", self.rec.hello))
+        self.rec.push(self.rec.hello)
         self.hub = hub if hub is not None else Hub()
 
     @property

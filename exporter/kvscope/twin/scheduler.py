@@ -11,25 +11,25 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvscope.localvllm.tinymodel import default_cache_dir, llama_config, write_llama_config
+from kvscope.localvllm.tinymodel import default_cache_dir, write_llama_config
 from kvscope.twin._vllm import (
+    AsyncScheduler,
     CacheConfig,
-    FullAttentionSpec,
-    KVCacheConfig,
-    KVCacheGroupSpec,
     ModelConfig,
+    ParallelConfig,
     Request,
     Scheduler,
     SchedulerConfig,
+    SpeculativeConfig,
     StructuredOutputManager,
     VllmConfig,
     get_hash_fn_by_name,
     get_request_block_hasher,
     init_none_hash,
     resolve_kv_cache_block_sizes,
-    torch,
 )
 from kvscope.twin.config import TwinConfig
+from kvscope.twin.layout import kv_cache_config
 
 MODEL_CONFIG_DIR = "tiny-llama-config"
 """Directory under the cache dir holding only the tiny Llama's config.json."""
@@ -38,9 +38,14 @@ MODEL_CONFIG_DIR = "tiny-llama-config"
 TWIN_MODEL_NAME = "twin"
 """The model label the twin's engine reports (its config is a stand-in Llama)."""
 
+SPECULATIVE_METHOD = "draft_model"
+"""A draft-model speculator: vLLM reserves ``num_speculative_tokens`` lookahead slots
+for it (``VllmConfig.num_lookahead_tokens``). The draft model is the tiny Llama's config
+again; nothing is loaded."""
+
 
 def vllm_config(cfg: TwinConfig, model_dir: Path | None = None) -> VllmConfig:
-    """The ``VllmConfig`` a CPU server started with ``cfg``'s flags would build."""
+    """The ``VllmConfig`` a server started with ``cfg``'s flags would build."""
     model_dir = write_llama_config(model_dir or default_cache_dir() / MODEL_CONFIG_DIR)
     model = ModelConfig(
         model=str(model_dir),
@@ -56,32 +61,30 @@ def vllm_config(cfg: TwinConfig, model_dir: Path | None = None) -> VllmConfig:
         max_model_len=cfg.max_model_len,
         policy=cfg.policy,
         enable_chunked_prefill=True,
-        async_scheduling=False,
+        async_scheduling=cfg.async_scheduling,
         is_encoder_decoder=False,
     )
     cache = CacheConfig(block_size=cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching)
-    config = VllmConfig(model_config=model, scheduler_config=scheduler, cache_config=cache)
+    parallel = ParallelConfig()
+    speculative = None
+    if cfg.num_speculative_tokens:
+        speculative = SpeculativeConfig(
+            method=SPECULATIVE_METHOD,
+            model=str(model_dir),
+            num_speculative_tokens=cfg.num_speculative_tokens,
+            target_model_config=model,
+            target_parallel_config=parallel,
+        )
+    config = VllmConfig(model_config=model, scheduler_config=scheduler, cache_config=cache,
+                        parallel_config=parallel, speculative_config=speculative)
+    # This process runs on vLLM's CPU platform, which turns async scheduling off
+    # (platforms/cpu.py check_and_update_config); a GPU server keeps it, and with it two
+    # batches in flight (VllmConfig.max_concurrent_batches), which the sliding-window
+    # admission cap counts.
+    config.scheduler_config.async_scheduling = cfg.async_scheduling
     # The engine sets this after profiling; --num-gpu-blocks-override pins it.
     config.cache_config.num_gpu_blocks = cfg.num_blocks
     return config
-
-
-def kv_cache_config(cfg: TwinConfig) -> KVCacheConfig:
-    """One full-attention group covering the tiny Llama's layers, ``cfg.num_blocks`` blocks."""
-    model = llama_config()
-    spec = FullAttentionSpec(
-        block_size=cfg.block_size,
-        num_kv_heads=model["num_key_value_heads"],
-        head_size=model["head_dim"],
-        dtype=torch.float32,
-    )
-    layers = [f"model.layers.{i}.self_attn.attn" for i in range(model["num_hidden_layers"])]
-    # No tensors: nothing is ever computed, only block IDs are handed out.
-    return KVCacheConfig(
-        num_blocks=cfg.num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(layers, spec)],
-    )
 
 
 def build_scheduler(
@@ -90,7 +93,8 @@ def build_scheduler(
     *,
     model_dir: Path | None = None,
 ) -> Scheduler:
-    """vLLM's real ``Scheduler`` (or ``scheduler_cls``, a subclass) configured by ``cfg``.
+    """vLLM's real ``Scheduler`` (``AsyncScheduler`` when ``cfg.async_scheduling``; or
+    ``scheduler_cls``, a subclass) configured by ``cfg``.
 
     ``model_dir`` is where the config-only tiny Llama is written (default: the kvscope
     cache dir). Raises ``ValueError`` listing every problem when ``cfg`` is invalid.
@@ -99,9 +103,12 @@ def build_scheduler(
     if errors:
         raise ValueError("invalid TwinConfig: " + " ".join(errors))
     config = vllm_config(cfg, model_dir)
-    kv_config = kv_cache_config(cfg)
+    try:
+        kv_config = kv_cache_config(cfg, config)
+    except ValueError as exc:  # vLLM's own check: a server would refuse to start
+        raise ValueError(f"invalid TwinConfig: {exc}") from None
     block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_config, config)
-    cls = scheduler_cls or Scheduler
+    cls = scheduler_cls or (AsyncScheduler if cfg.async_scheduling else Scheduler)
     return cls(
         vllm_config=config,
         kv_cache_config=kv_config,

@@ -8,6 +8,9 @@
 --   block_group  KV cache group of an allocated block; -1 shared (free, cached, null)
 --                when the engine has several groups; 0 everywhere with one group
 --   owner        0 none, i = owner_req_ids[i] (the running request whose table lists it)
+-- owner_group_runs[i][g] is owner i's block table in KV cache group g as runs of
+-- consecutive block IDs, flattened: first, length, first, length, ...; first = 0 is a run
+-- of null placeholders (entries a sliding-window or Mamba group no longer needs).
 -- budget_utilization is -1 when unknown (sentinel, as in every kvscope table). ts is
 -- the sidecar wall clock. Placeholders: {database}, {ttl_days}.
 CREATE TABLE IF NOT EXISTS {database}.layout_snapshots
@@ -32,6 +35,7 @@ CREATE TABLE IF NOT EXISTS {database}.layout_snapshots
     owner_req_ids Array(String) CODEC(ZSTD(3)),
     owner_blocks Array(UInt32) CODEC(ZSTD(3)),
     owner_fragments Array(UInt32) CODEC(ZSTD(3)),
+    owner_group_runs Array(Array(Array(UInt32))) CODEC(ZSTD(3)),
     server LowCardinality(String) DEFAULT ''  -- vLLM server of the engine (070)
 )
 ENGINE = MergeTree
@@ -39,3 +43,7 @@ PARTITION BY toDate(ts)
 ORDER BY (model, engine, ts)
 TTL toDateTime(ts) + toIntervalDay({ttl_days})
 SETTINGS non_replicated_deduplication_window = 1000, ttl_only_drop_parts = 1;
+
+-- Tables created before owner_group_runs existed get it (empty for their old rows).
+ALTER TABLE {database}.layout_snapshots
+    ADD COLUMN IF NOT EXISTS owner_group_runs Array(Array(Array(UInt32))) CODEC(ZSTD(3));

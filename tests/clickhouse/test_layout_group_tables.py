@@ -1,0 +1,44 @@
+"""layout_snapshots keeps each request's table per KV group, and a store created before
+that column existed gets it when kvscope starts (the schema's ALTER ... IF NOT EXISTS)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from kvscope import schema
+from kvscope.sidecar.layout import LayoutSampler, layout_rows
+from kvscope.sidecar.layout_store import clickhouse_history, to_row
+from kvscope.sinks import arrowrows
+from tests.unit.test_layout import F, N, U, pool
+
+pytestmark = pytest.mark.clickhouse
+
+
+def test_an_old_table_gains_the_column_and_the_tables_round_trip(store: Any,
+                                                                  database: str) -> None:
+    old = next(s for s in schema.render_schema(database, 30) if "layout_snapshots" in s
+               and s.startswith("CREATE"))
+    store.command(old.replace("    owner_fragments Array(UInt32) CODEC(ZSTD(3)),\n"
+                              "    owner_group_runs Array(Array(Array(UInt32))) CODEC(ZSTD(3))",
+                              "    owner_fragments Array(UInt32) CODEC(ZSTD(3))"))
+    assert "owner_group_runs" not in columns(store, database)
+    schema.apply_schema(store, database)
+    assert "owner_group_runs" in columns(store, database)
+
+    hub = pool([N, U, U, U, F], {"a": [[0, 0, 1], [2, 3]]}, {"a": 90}, groups=2)
+    now = time.time()  # the table's TTL drops old rows at once
+    (snap,) = LayoutSampler(hub).tick(now=now)
+    payload = arrowrows.encode("layout_snapshots", [to_row(r) for r in layout_rows(snap)])
+    store.raw_insert(f"{database}.layout_snapshots", arrowrows.column_names(payload),
+                     payload.to_pybytes(), fmt="Arrow")  # as the sink inserts
+    (back,) = clickhouse_history(lambda: store, database)("0", now - 1, now + 1, 10)
+    assert [t.runs for t in back.owners[0].groups] == [((0, 2), (1, 1)), ((2, 2),)]
+
+
+def columns(store: Any, database: str) -> list[str]:
+    return [r[0] for r in store.query(
+        "SELECT name FROM system.columns WHERE database = {db:String} "
+        "AND table = 'layout_snapshots'", parameters={"db": database}).result_rows]

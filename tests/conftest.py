@@ -1,0 +1,101 @@
+"""Suite-wide rule: under ``CI=true`` a skipped (or xfailed) test fails the run.
+
+Unless the README's "Allowed to skip in CI" list names it (its node ID, in backticks)
+and says why; a listed test that did not skip is reported too, so the list stays true.
+Skips at collection (``pytest.importorskip`` at module level) count like any other.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+ALLOWED_HEADING = "### Allowed to skip in CI"
+_ITEM = re.compile(r"^- `([^`]+)`: (\S.*)$")
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def allowed_skips(readme: Path) -> dict[str, str]:
+    """Node ID -> reason from the README's list; ValueError when the list is missing or
+    an entry lacks a reason."""
+    lines = readme.read_text().splitlines()
+    if ALLOWED_HEADING not in lines:
+        raise ValueError(f"{readme} has no {ALLOWED_HEADING!r} section")
+    allowed: dict[str, str] = {}
+    for line in lines[lines.index(ALLOWED_HEADING) + 1:]:
+        if line.startswith("#"):
+            break
+        if line.startswith("- "):
+            m = _ITEM.match(line)
+            if m is None:
+                raise ValueError(f"README skip entry without `node id`: reason: {line!r}")
+            allowed[m.group(1)] = m.group(2)
+    return allowed
+
+
+class SkipGuard:
+    """Collects every skip of the session and judges them at its end (a plugin object:
+    reports carry no config)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.skips: dict[str, str] = {}
+        self.ran: set[str] = set()
+        self.problems: list[str] = []
+
+    def _note(self, report: pytest.CollectReport | pytest.TestReport) -> None:
+        if not report.skipped:
+            return
+        why = getattr(report, "wasxfail", None)
+        if why is not None:
+            why = f"xfail: {why}"
+        else:
+            longrepr = report.longrepr
+            why = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        self.skips.setdefault(report.nodeid, why)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self._note(report)
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        self._note(report)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.ran = {item.nodeid for item in session.items}
+
+    def judge(self) -> list[str]:
+        try:
+            allowed = allowed_skips(self.config.rootpath / "README.md")
+        except (OSError, ValueError) as exc:
+            return [f"cannot read the allowed skips: {exc}"]
+        out = [f"{nodeid} skipped ({why}) and the README does not allow it"
+               for nodeid, why in self.skips.items() if nodeid not in allowed]
+        out += [f"{nodeid} is allowed to skip in the README but ran: remove it from the list"
+                for nodeid in allowed if nodeid in self.ran and nodeid not in self.skips]
+        return out
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if not in_ci():
+            return
+        self.problems = self.judge()
+        if self.problems and session.exitstatus in (pytest.ExitCode.OK,
+                                                    pytest.ExitCode.NO_TESTS_COLLECTED):
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if self.problems:
+            terminalreporter.section("skips not allowed in CI (CI=true)", red=True)
+            for line in self.problems:
+                terminalreporter.line(line, red=True)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(SkipGuard(config), "kvscope-skip-guard")

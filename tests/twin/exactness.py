@@ -1,0 +1,132 @@
+"""The sidecar's ledger against vLLM's real pool, compared at the end of every schedule().
+
+``PoolCheck(probed)`` wraps the scheduler of a ``ProbedTwin`` so that, each time the
+probe has recorded a step, the ring is drained into the hub and the ledger is compared
+with a full scan of vLLM's ``BlockPool`` and with ``KVCacheManager.get_block_ids``: the
+free set, the cached (free, evictable) set, their counts, the longest free run, the set
+of running requests, each one's block table in every KV cache group (the null block 0
+where vLLM keeps it as a placeholder included) and its computed tokens. The first
+difference raises ``AssertionError`` naming the step and what differed.
+"""
+
+from __future__ import annotations
+
+from itertools import combinations, product
+from typing import Any
+
+from kvscope.twin.probed import ProbedTwin
+from kvscope_probe import wire
+
+
+def pool_truth(pool: Any) -> tuple[set[int], set[int]]:
+    """Free and free-but-cached block IDs by a full scan of vLLM's pool."""
+    free, cached = set(), set()
+    for b in pool.blocks:
+        if b.ref_cnt == 0 and not b.is_null:
+            free.add(b.block_id)
+            if b.block_hash is not None:
+                cached.add(b.block_id)
+    return free, cached
+
+
+def max_run(ids: set[int]) -> int:
+    best = run = 0
+    prev = None
+    for i in sorted(ids):
+        run = run + 1 if prev is not None and i == prev + 1 else 1
+        best = max(best, run)
+        prev = i
+    return best
+
+
+def _sample(ids: set[int], n: int = 8) -> list[int]:
+    return sorted(ids)[:n]
+
+
+class PoolCheck:
+    """Compares after every ``schedule()`` of ``probed``; counts steps and preemptions."""
+
+    def __init__(self, probed: ProbedTwin) -> None:
+        self.probed = probed
+        self.sched = probed.scheduler
+        self.pool = self.sched.kv_cache_manager.block_pool
+        self.steps = 0
+        self.preemptions = 0
+        sched = self.sched
+        original = type(sched).schedule  # the probe's hooked method
+
+        def checked_schedule(*args: Any, **kwargs: Any) -> Any:
+            out = original(sched, *args, **kwargs)
+            self.steps += 1
+            self.preemptions += len(out.preempted_req_ids)
+            problem = self.difference()
+            if problem is not None:
+                raise AssertionError(f"step {self.steps}: {problem}")
+            return out
+
+        sched.schedule = checked_schedule
+
+    def difference(self) -> str | None:
+        """The first way the ledger differs from the pool right now; None when equal."""
+        self.probed.drain()
+        led = self.probed.state.ledger
+        if not led.synced:
+            return "the ledger lost sync"
+        free, cached = pool_truth(self.pool)
+        arr = led.array()
+        led_free = {i for i in range(led.num_blocks) if arr[i] <= wire.STATE_CACHED}
+        led_cached = {i for i in range(led.num_blocks) if arr[i] == wire.STATE_CACHED}
+        if led_free != free:
+            return (f"free set: ledger only {_sample(led_free - free)}, "
+                    f"pool only {_sample(free - led_free)}")
+        if led_cached != cached:
+            return (f"cached set: ledger only {_sample(led_cached - cached)}, "
+                    f"pool only {_sample(cached - led_cached)}")
+        if (led.free, led.cached) != (len(free), len(cached)):
+            return (f"counts: ledger free/cached {led.free}/{led.cached}, "
+                    f"pool {len(free)}/{len(cached)}")
+        if led.max_contiguous_free() != max_run(free):
+            return f"max contiguous free: ledger {led.max_contiguous_free()}, pool {max_run(free)}"
+        return self._tables_difference(led)
+
+    def _tables_difference(self, led: Any) -> str | None:
+        running = {r.request_id: r for r in self.sched.running}
+        if set(led.tables) != set(running):
+            return (f"running requests: ledger only {sorted(set(led.tables) - set(running))}, "
+                    f"vLLM only {sorted(set(running) - set(led.tables))}")
+        get_ids = self.sched.kv_cache_manager.get_block_ids
+        for rid, req in running.items():
+            truth = [list(g) for g in get_ids(rid)]
+            mine = led.tables[rid]
+            if len(mine) != len(truth):
+                return f"request {rid}: ledger has {len(mine)} groups, vLLM {len(truth)}"
+            for g, (a, b) in enumerate(zip(mine, truth, strict=True)):
+                if a != b:
+                    return f"request {rid} group {g} table: ledger {a}, vLLM {b}"
+            if led.tokens.get(rid) != req.num_computed_tokens:
+                return (f"request {rid} computed tokens: ledger {led.tokens.get(rid)}, "
+                        f"vLLM {req.num_computed_tokens}")
+        return None
+
+
+def pairwise(axes: dict[str, tuple[Any, ...]]) -> list[dict[str, Any]]:
+    """Rows covering every pair of values of every two axes (greedy, deterministic):
+    each new row is the full combination that covers the most pairs not yet covered."""
+    names = list(axes)
+    uncovered = {
+        (a, va, b, vb)
+        for a, b in combinations(names, 2)
+        for va in axes[a]
+        for vb in axes[b]
+    }
+    rows: list[dict[str, Any]] = []
+    candidates = [dict(zip(names, vals, strict=True)) for vals in product(*axes.values())]
+    while uncovered:
+        best = max(candidates, key=lambda row: len(covered_pairs(row) & uncovered))
+        rows.append(best)
+        uncovered -= covered_pairs(best)
+    return rows
+
+
+def covered_pairs(row: dict[str, Any]) -> set[tuple[str, Any, str, Any]]:
+    return {(a, row[a], b, row[b]) for a, b in combinations(list(row), 2)}
