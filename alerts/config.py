@@ -39,8 +39,9 @@ class Config:
 
     selector: str = 'job="kvscope"'
     """Label matchers that pick the sidecar's series (also used on ``up``)."""
-    engine_labels: tuple[str, ...] = ("job", "instance", "engine", "model")
-    """Labels that identify one engine; recording rules aggregate to exactly these."""
+    engine_labels: tuple[str, ...] = ("job", "instance", "server", "engine", "model")
+    """Labels that identify one engine (its vLLM server and vLLM's engine label, the DP
+    index); recording rules aggregate to exactly these."""
     sidecar_labels: tuple[str, ...] = ("job", "instance")
     """Labels that identify one sidecar (for its receiver and sink series)."""
     grafana_url: str = "http://localhost:3000"
@@ -91,7 +92,11 @@ class Config:
 
     # -- kvscope's own health -------------------------------------------------------------
     probe_silent_for: str = "5m"
-    """After the sidecar's --health-timeout made kvscope_probe_connected 0."""
+    """After the sidecar's --health-timeout made a probe silent (no record, no heartbeat)."""
+    engine_gone_for: str = "1m"
+    """How long an engine process the sidecar saw exit stays unreplaced before it alerts."""
+    engine_stalled_for: str = "5m"
+    """A probe that heartbeats but reports no step while its last step left work."""
     probe_problem_window: str = "10m"
     """Window of increase() for dropped records, probe faults, rejected frames, mismatches."""
     probe_dropped_for: str = "5m"
@@ -136,8 +141,9 @@ class Config:
         for name in ("engine_labels", "sidecar_labels"):
             if not getattr(self, name):
                 errors.append(f"{name} must not be empty.")
-        if not {"engine", "model"} <= set(self.engine_labels):
-            errors.append("engine_labels must include engine and model (descriptions name them).")
+        if not {"server", "engine", "model"} <= set(self.engine_labels):
+            errors.append("engine_labels must include server, engine and model (descriptions "
+                          "name them).")
         for name in ("grafana_url", "runbook_url"):
             if not str(getattr(self, name)).startswith(("http://", "https://")):
                 errors.append(f"{name} must be an http(s) URL, got {getattr(self, name)!r}.")

@@ -9,10 +9,16 @@ from __future__ import annotations
 from alerts.config import Config
 from alerts.promql import Promql, Rule, alert
 
-PROBE = "The kvscope probe in engine {{ $labels.engine }} ({{ $labels.model }})"
-LEDGER = "kvscope's rebuilt block pool of engine {{ $labels.engine }} ({{ $labels.model }})"
+ID = "{{ $labels.server }}/{{ $labels.engine }} ({{ $labels.model }})"
+PROBE = f"The kvscope probe in engine {ID}"
+LEDGER = f"kvscope's rebuilt block pool of engine {ID}"
 SIDECAR = "The kvscope sidecar {{ $labels.instance }}"
 SINK = "Sink {{ $labels.sink }} of the kvscope sidecar {{ $labels.instance }}"
+
+
+def probe_state(q: Promql, name: str) -> str:
+    """1 while the probe is in this state (kvscope.sidecar.presence)."""
+    return q.m("kvscope_probe_state", f'state="{name}"')
 
 
 def probe_alerts(cfg: Config) -> list[Rule]:
@@ -26,17 +32,41 @@ def probe_alerts(cfg: Config) -> list[Rule]:
         alert(
             cfg,
             "KVScopeProbeSilent",
-            # An idle engine calls no schedule() and sends nothing: only silence after a
-            # step that left requests running or waiting means something stopped.
-            f"{q.by_engine('max', q.m('kvscope_probe_last_record_age_seconds'))}\nand\n"
-            f"{q.by_engine('max', q.m('kvscope_probe_connected'))} == 0\nand\n{busy}",
+            # An idle engine's probe heartbeats (state idle, connected): only silence is
+            # alarming. A dead engine the sidecar can check reads gone instead.
+            f"{q.by_engine('max', probe_state(q, 'silent'))} == 1",
             severity="warning",
             for_=cfg.probe_silent_for,
-            summary="The kvscope probe stopped sending although its engine had requests "
-            "to schedule.",
-            description=f"{PROBE} has sent nothing for {{{{ $value | humanizeDuration }}}} "
-            "although its last step left requests running or waiting. The engine is "
-            "stalled or dead, or the probe cannot reach the sidecar.",
+            summary="The kvscope probe of an engine stopped sending records and heartbeats.",
+            description=f"{PROBE} has sent neither records nor heartbeats for longer than "
+            f"the sidecar's health timeout, for {cfg.probe_silent_for}. Either the probe "
+            "cannot reach the sidecar, or the engine process died where the sidecar cannot "
+            "check its PID (another host or PID namespace). Pool alerts are blind for it.",
+            dashboard=cfg.dashboards.blocks,
+        ),
+        alert(
+            cfg,
+            "KVScopeEngineGone",
+            f"{q.by_engine('max', probe_state(q, 'gone'))} == 1",
+            severity="warning",
+            for_=cfg.engine_gone_for,
+            summary="An engine process exited and no new one took its identity.",
+            description=f"The EngineCore process of engine {ID} exited (the sidecar watched "
+            f"its PID) and no probe session has replaced it for {cfg.engine_gone_for}: "
+            "vLLM is down or was moved, unless this server was retired on purpose.",
+            dashboard=cfg.dashboards.blocks,
+        ),
+        alert(
+            cfg,
+            "KVScopeEngineStalled",
+            f"{q.by_engine('max', probe_state(q, 'idle'))} == 1\n"
+            f"and\n{busy}",
+            severity="warning",
+            for_=cfg.engine_stalled_for,
+            summary="An engine stopped scheduling although its last step left requests.",
+            description=f"{PROBE} keeps sending heartbeats but no step for longer than the "
+            "health timeout, although the last step left requests running or waiting: "
+            "vLLM's engine loop is stuck (the process lives, schedule() is not called).",
             dashboard=cfg.dashboards.blocks,
         ),
         alert(
@@ -71,8 +101,10 @@ def ledger_alerts(cfg: Config) -> list[Rule]:
         alert(
             cfg,
             "KVScopeLedgerStale",
+            # active: steps keep arriving (an idle engine sends no keyframe to repair it)
             f"{q.by_engine('max', q.m('kvscope_ledger_synced'))} == 0\nand\n"
-            f"{q.by_engine('max', q.m('kvscope_probe_connected'))} == 1",
+            f"{q.by_engine('max', probe_state(q, 'active'))}"
+            " == 1",
             severity="warning",
             for_=cfg.ledger_stale_for,
             summary="kvscope's view of a KV block pool has been stale for long although "
@@ -140,7 +172,7 @@ def sidecar_alerts(cfg: Config) -> list[Rule]:
             f"min_over_time({drift}[{rw}]) > 0\nor\nmax_over_time({drift}[{rw}]) < 0",
             severity="warning",
             summary="kvscope's preemption count and vLLM's own have disagreed for long.",
-            description=f"For engine {{{{ $labels.engine }}}} ({{{{ $labels.model }}}}) "
+            description=f"For engine {ID} "
             "kvscope's preemption count minus vLLM's vllm:num_preemptions_total stayed at "
             f"{{{{ $value }}}} or further from 0 for {rw}: one of the two misses "
             "preemptions (for example a probe that was off for a while).",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from alerts.config import Config, Severity
 from alerts.promql import Promql, Rule, alert, pct
 
-ENGINE = "Engine {{ $labels.engine }} ({{ $labels.model }})"
+ENGINE = "Engine {{ $labels.server }}/{{ $labels.engine }} ({{ $labels.model }})"
 
 
 def exhausted_budget_left(cfg: Config) -> Rule:

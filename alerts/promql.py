@@ -52,11 +52,12 @@ def alert(
 ) -> Rule:
     """One alerting rule with kvscope's labels and annotations.
 
-    ``per_engine`` alerts link their dashboard with ``var-engine`` set to the engine.
+    ``per_engine`` alerts link their dashboard with ``var-server`` and ``var-engine`` set
+    to the engine's.
     """
     url = f"{cfg.grafana_url.rstrip('/')}/d/{dashboard}"
     if per_engine:
-        url += "?var-engine={{ $labels.engine }}"
+        url += "?var-server={{ $labels.server }}&var-engine={{ $labels.engine }}"
     rule: Rule = {"alert": name, "expr": expr}
     if for_:
         rule["for"] = for_

@@ -11,6 +11,7 @@ from grafana_foundation_sdk.builders import dashboard as db
 
 from dashboards import panels as p
 from dashboards.config import Config
+from dashboards.panels import ID
 
 ENGINE_SERIES = 'vllm_scheduler_running_requests{job="kvscope"}'
 """Exported for probe-fed and coarse (vLLM /metrics only) engines alike."""
@@ -19,14 +20,18 @@ ENGINE_SERIES = 'vllm_scheduler_running_requests{job="kvscope"}'
 def engine_variables(cfg: Config, *, all_: bool = True) -> list[db.QueryVariable]:
     series = ENGINE_SERIES.replace('job="kvscope"', cfg.job)
     return [
-        p.label_values("engine", "Engine", series, all_=all_,
-                       description="vLLM engine (data-parallel rank, or KVSCOPE_ENGINE)."),
-        p.label_values("model", "Model", series.replace("}", ', engine=~"$engine"}'),
-                       description="Served model name."),
+        p.label_values("server", "Server", series, all_=all_,
+                       description="vLLM server: its API server's host:port, or "
+                                   "KVSCOPE_SERVER."),
+        p.label_values("engine", "Engine", series.replace("}", ', server=~"$server"}'),
+                       all_=all_, description="vLLM's engine label: the data-parallel "
+                                              "index, or KVSCOPE_ENGINE."),
+        p.label_values("model", "Model", series.replace(
+            "}", ', server=~"$server", engine=~"$engine"}'), description="Served model name."),
     ]
 
 
-def rate(cfg: Config, counter: str, by: str = "engine", *matchers: str) -> str:
+def rate(cfg: Config, counter: str, by: str = "server, engine", *matchers: str) -> str:
     return f"sum by ({by}) (rate({cfg.m(counter, *matchers)}[$__rate_interval]))"
 
 
@@ -63,30 +68,30 @@ def build(cfg: Config) -> p.Board:
         "IDs. Preemptions with the budget low and free blocks near 0 mean KV memory is the "
         "limit. vLLM V1 allocates any free blocks: a short contiguous run never causes a "
         "preemption by itself.",
-        p.prom(m("vllm_scheduler_token_budget_utilization"), "{{engine}} budget used (10 s)"),
+        p.prom(m("vllm_scheduler_token_budget_utilization"), ID + " budget used (10 s)"),
         p.prom(m("engine:vllm_scheduler_token_budget_utilization:ratio_rate5m"),
-               "{{engine}} budget used (5m)"),
-        p.prom(m("vllm_scheduler_free_blocks"), "{{engine}} free blocks"),
-        p.prom(m("vllm_scheduler_max_contiguous_free_blocks"), "{{engine}} max contiguous free"),
+               ID + " budget used (5m)"),
+        p.prom(m("vllm_scheduler_free_blocks"), ID + " free blocks"),
+        p.prom(m("vllm_scheduler_max_contiguous_free_blocks"), ID + " max contiguous free"),
         unit="percentunit", w=24, h=9, right="/free/", right_unit="short", minimum=0,
     ))
     b.row("Pool").add(
         p.graph("Used, free and cached blocks",
                 "The pool stacked: blocks held by requests, free blocks without data, and free "
                 "blocks that still hold prefix-cache data (evicted on reuse).",
-                p.prom(m("vllm_scheduler_used_blocks"), "{{engine}} used"),
+                p.prom(m("vllm_scheduler_used_blocks"), ID + " used"),
                 p.prom(f"{m('vllm_scheduler_free_blocks')} - "
-                       f"{m('vllm_scheduler_cached_evictable_blocks')}", "{{engine}} free"),
-                p.prom(m("vllm_scheduler_cached_evictable_blocks"), "{{engine}} cached"),
+                       f"{m('vllm_scheduler_cached_evictable_blocks')}", ID + " free"),
+                p.prom(m("vllm_scheduler_cached_evictable_blocks"), ID + " cached"),
                 stack=True),
         p.graph("Head of the queue needs vs free",
                 "Blocks the head of the waiting queue needs for its whole sequence (before "
                 "prefix-cache hits) against free blocks; while it needs more, admission is "
                 "blocked. Right axis: running and waiting requests.",
-                p.prom(m("vllm_scheduler_waiting_head_blocks_needed"), "{{engine}} head needs"),
-                p.prom(m("vllm_scheduler_free_blocks"), "{{engine}} free blocks"),
-                p.prom(m("vllm_scheduler_running_requests"), "{{engine}} requests running"),
-                p.prom(m("vllm_scheduler_waiting_requests"), "{{engine}} requests waiting"),
+                p.prom(m("vllm_scheduler_waiting_head_blocks_needed"), ID + " head needs"),
+                p.prom(m("vllm_scheduler_free_blocks"), ID + " free blocks"),
+                p.prom(m("vllm_scheduler_running_requests"), ID + " requests running"),
+                p.prom(m("vllm_scheduler_waiting_requests"), ID + " requests waiting"),
                 right="/requests/"),
         p.bars("Free runs by length",
                "Runs of consecutive free block IDs no longer than each length (cumulative). "
@@ -96,9 +101,9 @@ def build(cfg: Config) -> p.Board:
         p.graph("Block usage and token occupancy",
                 "Used / usable blocks (vLLM's kv_cache_usage_perc), and filled / reserved "
                 "token slots of the used blocks: the gap to 100% is tail waste.",
-                p.prom(m("vllm_scheduler_kv_block_usage_ratio"), "{{engine}} block usage"),
+                p.prom(m("vllm_scheduler_kv_block_usage_ratio"), ID + " block usage"),
                 p.prom(m("vllm_scheduler_kv_token_occupancy_ratio"),
-                       "{{engine}} token occupancy"),
+                       ID + " token occupancy"),
                 unit="percentunit", minimum=0, maximum=1),
     )
     b.row("Preemptions").add(
@@ -106,14 +111,15 @@ def build(cfg: Config) -> p.Board:
                 "kv_full: the failed allocation needed more blocks than were free. priority: "
                 "displaced for a higher-priority request. unknown: nothing recorded explains "
                 "it (never guessed).",
-                p.prom(rate(cfg, "vllm_scheduler_preempted_requests_total", "engine, reason"),
-                       "{{engine}} {{reason}}"),
+                p.prom(rate(cfg, "vllm_scheduler_preempted_requests_total",
+                            "server, engine, reason"),
+                       ID + " {{reason}}"),
                 unit="ops"),
         p.graph("Preemptions per ended request",
                 "Preemptions / requests that ended, over 5 minutes (the alerts' ratio and "
                 "thresholds).",
                 p.prom(m("engine:vllm_scheduler_preemptions_per_request:ratio_rate5m"),
-                       "{{engine}}"),
+                       ID),
                 unit="percentunit", minimum=0,
                 lines=[(a.preemption_rate_warning, "orange"),
                        (a.preemption_rate_critical, "red")]),
@@ -121,26 +127,26 @@ def build(cfg: Config) -> p.Board:
                 "Computed tokens thrown away by preemptions, and those computed again on "
                 "resume (prefix-cache hits excluded).",
                 p.prom(rate(cfg, "vllm_scheduler_preempted_tokens_total"),
-                       "{{engine}} discarded"),
+                       ID + " discarded"),
                 p.prom(rate(cfg, "vllm_scheduler_recomputed_tokens_total"),
-                       "{{engine}} recomputed"),
+                       ID + " recomputed"),
                 unit="short"),
         p.graph("Requests arrived and ended",
                 "Requests added to the scheduler, and those that left it by vLLM status.",
                 p.prom(rate(cfg, "vllm_scheduler_requests_arrived_total"),
-                       "{{engine}} arrived"),
-                p.prom(rate(cfg, "vllm_scheduler_requests_ended_total", "engine, status"),
-                       "{{engine}} {{status}}"),
+                       ID + " arrived"),
+                p.prom(rate(cfg, "vllm_scheduler_requests_ended_total", "server, engine, status"),
+                       ID + " {{status}}"),
                 unit="reqps"),
     )
     b.row("Tail waste").add(
         p.graph("Tail waste",
                 "Token slots reserved but not filled in the last blocks of running requests.",
-                p.prom(m("vllm_scheduler_tail_waste_tokens"), "{{engine}} tokens")),
+                p.prom(m("vllm_scheduler_tail_waste_tokens"), ID + " tokens")),
         p.graph("Tail waste per used block",
                 "Unfilled token slots per block held; compare with the block size.",
                 p.prom(f"{m('vllm_scheduler_tail_waste_tokens')} / "
-                       f"({m('vllm_scheduler_used_blocks')} > 0)", "{{engine}}")),
+                       f"({m('vllm_scheduler_used_blocks')} > 0)", ID)),
     )
     gpu = cfg.sel(engine=False)
     b.row("GPU and engine process").add(
@@ -157,8 +163,8 @@ def build(cfg: Config) -> p.Board:
                 "The EngineCore process, when it runs on the sidecar's host. Right axis: "
                 "resident memory.",
                 p.prom(f"rate({m('kvscope_engine_process_cpu_seconds_total')}"
-                       "[$__rate_interval])", "{{engine}} CPU cores"),
-                p.prom(m("kvscope_engine_process_resident_memory_bytes"), "{{engine}} RSS"),
+                       "[$__rate_interval])", ID + " CPU cores"),
+                p.prom(m("kvscope_engine_process_resident_memory_bytes"), ID + " RSS"),
                 w=8, right="/RSS/", right_unit="bytes"),
     )
     health(cfg, b)
@@ -172,33 +178,33 @@ def health(cfg: Config, b: p.Board) -> None:
         p.graph("Probe connected and ledger in sync",
                 "1 while the probe sent a record within the health timeout; 1 while the "
                 "rebuilt pool is exact (0 after a gap until the next keyframe).",
-                p.prom(m("kvscope_probe_connected"), "{{engine}} probe connected"),
-                p.prom(m("kvscope_ledger_synced"), "{{engine}} ledger synced"),
+                p.prom(m("kvscope_probe_connected"), ID + " probe connected"),
+                p.prom(m("kvscope_ledger_synced"), ID + " ledger synced"),
                 w=8, minimum=0, maximum=1, step=True),
         p.graph("Seconds since the last probe record", "Per engine.",
-                p.prom(m("kvscope_probe_last_record_age_seconds"), "{{engine}}"),
+                p.prom(m("kvscope_probe_last_record_age_seconds"), ID),
                 unit="s", w=8),
         p.graph("Probe cost", "Engine-thread time the probe spent / time in schedule().",
-                p.prom(m("engine:kvscope_probe_overhead:ratio_rate5m"), "{{engine}}"),
+                p.prom(m("engine:kvscope_probe_overhead:ratio_rate5m"), ID),
                 unit="percentunit", w=8),
         p.graph("Records received, dropped, rejected",
                 "Probe records the receiver accepted; records the probe dropped rather than "
                 "block vLLM; frames refused by reason.",
                 p.prom(f"sum(rate(kvscope_probe_records_received_total{job}[$__rate_interval]))",
                        "received"),
-                p.prom(rate(cfg, "kvscope_probe_records_dropped_total"), "{{engine}} dropped"),
+                p.prom(rate(cfg, "kvscope_probe_records_dropped_total"), ID + " dropped"),
                 p.prom(f"sum by (reason) (rate(kvscope_probe_frames_rejected_total{job}"
                        "[$__rate_interval]))", "rejected {{reason}}"),
                 unit="ops"),
         p.graph("Ledger gaps, mismatches, probe faults",
                 "Should stay 0: gaps in the record sequence, failed self-checks of the "
                 "ledger, errors the probe contained inside vLLM.",
-                p.prom(f"sum by (engine) (increase({m('kvscope_ledger_gaps_total')}"
-                       "[$__rate_interval]))", "{{engine}} gaps"),
-                p.prom(f"sum by (engine) (increase({m('kvscope_ledger_mismatches_total')}"
-                       "[$__rate_interval]))", "{{engine}} mismatches"),
-                p.prom(f"sum by (engine) (increase({m('kvscope_probe_faults_total')}"
-                       "[$__rate_interval]))", "{{engine}} faults")),
+                p.prom(f"sum by (server, engine) (increase({m('kvscope_ledger_gaps_total')}"
+                       "[$__rate_interval]))", ID + " gaps"),
+                p.prom(f"sum by (server, engine) (increase({m('kvscope_ledger_mismatches_total')}"
+                       "[$__rate_interval]))", ID + " mismatches"),
+                p.prom(f"sum by (server, engine) (increase({m('kvscope_probe_faults_total')}"
+                       "[$__rate_interval]))", ID + " faults")),
         p.graph("Sink rows written", "Rows each sink's store acknowledged, by table.",
                 p.prom(f"sum by (sink, table) (rate(kvscope_sink_rows_written_total{job}"
                        "[$__rate_interval]))", "{{sink}} {{table}}"),
@@ -219,9 +225,9 @@ def health(cfg: Config, b: p.Board) -> None:
                 "With kvscope serve --vllm-url: kvscope's preemptions minus vLLM's, and free "
                 "blocks minus those derived from vllm:kv_cache_usage_perc (both should stay "
                 "0); coarse = 1 for engines seen only through vLLM's /metrics.",
-                p.prom(m("kvscope_reconciliation_preemptions_diff"), "{{engine}} preemptions"),
-                p.prom(m("kvscope_reconciliation_free_blocks_diff"), "{{engine}} free blocks"),
-                p.prom(m("kvscope_engine_coarse"), "{{engine}} coarse")),
+                p.prom(m("kvscope_reconciliation_preemptions_diff"), ID + " preemptions"),
+                p.prom(m("kvscope_reconciliation_free_blocks_diff"), ID + " free blocks"),
+                p.prom(m("kvscope_engine_coarse"), ID + " coarse")),
         p.graph("Scrapes of vLLM's /metrics", "With kvscope serve --vllm-url.",
                 p.prom(f"sum(rate(kvscope_vllm_scrapes_total{job}[$__rate_interval]))",
                        "scrapes"),

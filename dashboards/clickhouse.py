@@ -38,6 +38,7 @@ COMMON: dict[str, str] = {
     "days": "${days}",
     "model": all_or("model"),
     "engine": all_or("engine"),
+    "server": all_or("server"),
     "limit": "${limit}",
     "since": "$__fromTime_ms",
     "until": "$__toTime_ms",

@@ -8,6 +8,7 @@ from dashboards import clickhouse as sql
 from dashboards import panels as p
 from dashboards.blocks import engine_variables
 from dashboards.config import Config
+from dashboards.panels import ID
 
 CLIENT = 'client=~"$client"'
 
@@ -59,7 +60,7 @@ def build(cfg: Config) -> p.Board:
         p.graph("Engine preemptions per request (for comparison)",
                 "The engine-wide ratio the alerts watch.",
                 p.prom(cfg.m("engine:vllm_scheduler_preemptions_per_request:ratio_rate5m"),
-                       "{{engine}}"),
+                       ID),
                 unit="percentunit", minimum=0),
     )
     b.row("Traffic and duplicates").add(

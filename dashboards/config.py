@@ -38,10 +38,11 @@ class Config:
         return self.alerts.selector
 
     def sel(self, *matchers: str, engine: bool = True) -> str:
-        """``{job="kvscope", engine=~"$engine", model=~"$model", matchers...}``."""
+        """``{job="kvscope", server=~"$server", engine=~"$engine", model=~"$model",
+        matchers...}``."""
         parts = [self.job]
         if engine:
-            parts += ['engine=~"$engine"', 'model=~"$model"']
+            parts += ['server=~"$server"', 'engine=~"$engine"', 'model=~"$model"']
         return "{" + ", ".join([*parts, *matchers]) + "}"
 
     def m(self, metric: str, *matchers: str, engine: bool = True) -> str:

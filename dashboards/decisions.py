@@ -10,6 +10,7 @@ from dashboards import clickhouse as sql
 from dashboards import panels as p
 from dashboards.blocks import engine_variables
 from dashboards.config import Config
+from dashboards.panels import ID
 from kvscope.logql import read_queries
 
 LOGQL = Path(__file__).resolve().parents[1] / "loki" / "queries.logql"
@@ -22,7 +23,7 @@ def logql(name: str) -> str:
     q = queries[name]
     if q.count(STREAM) != 1:
         raise ValueError(f"LogQL query {name} must select {STREAM}...}} exactly once: {q}")
-    return q.replace(STREAM, STREAM + ', engine=~"$engine"')
+    return q.replace(STREAM, STREAM + ', server=~"$server", engine=~"$engine"')
 
 
 def build(cfg: Config) -> p.Board:
@@ -32,7 +33,7 @@ def build(cfg: Config) -> p.Board:
     b.variables(p.datasource("prometheus", "Prometheus"), p.datasource("loki", "Loki"),
                 p.datasource("clickhouse", "ClickHouse"), *engine_variables(cfg))
     timeline = (f"/d/{cfg.uids.requests}?var-request_id=${{__value.raw}}"
-                "&${engine:queryparam}&${__url_time_range}")
+                "&${server:queryparam}&${engine:queryparam}&${__url_time_range}")
     b.row("Counts").add(
         p.graph("Preemptions by reason",
                 "Preemption lines per reason, 5-minute windows. loki/queries.logql: "
@@ -43,15 +44,15 @@ def build(cfg: Config) -> p.Board:
                 "loki/queries.logql: decisions_by_event.",
                 p.loki_q(logql("decisions_by_event"), "{{event}}")),
         p.graph("Preemptions by engine", "loki/queries.logql: preemptions_by_engine.",
-                p.loki_q(logql("preemptions_by_engine"), "{{engine}}"), w=8),
+                p.loki_q(logql("preemptions_by_engine"), ID), w=8),
         p.graph("Admissions blocked",
                 "The head of the waiting queue needed more blocks than were free (one line "
                 "per episode, repeated every 10 s). loki/queries.logql: admissions_blocked.",
-                p.loki_q(logql("admissions_blocked"), "{{engine}}"), w=8),
+                p.loki_q(logql("admissions_blocked"), ID), w=8),
         p.graph("Tokens thrown away by preemptions (1h)",
                 "Computed tokens discarded per engine over the last hour (recomputed on "
                 "resume). loki/queries.logql: recomputed_tokens.",
-                p.loki_q(logql("recomputed_tokens"), "{{engine}}"), w=8),
+                p.loki_q(logql("recomputed_tokens"), ID), w=8),
     )
     b.row("Lines").add(
         p.grid("Most preempted requests (last hour)",

@@ -13,8 +13,9 @@ from dashboards import clickhouse as sql
 from dashboards import panels as p
 from dashboards.blocks import engine_variables
 from dashboards.config import Config
+from dashboards.panels import ID
 
-ENGINE = {"engine": "${engine:sqlstring}"}
+ENGINE = {"server": "${server:sqlstring}", "engine": "${engine:sqlstring}"}
 """One engine at a time (the heatmap needs one pool): no All on this dashboard."""
 STATES = "0 free, 1 cached (free, evictable prefix-cache data), 2 allocated, 3 null"
 
@@ -43,7 +44,7 @@ def build(cfg: Config) -> p.Board:
             "fields": {}}),
     ]
     cells = p.cells(
-        "KV blocks of engine $engine over time",
+        "KV blocks of engine $server/$engine over time",
         f"Each cell is the state most samples had: {STATES}. Time buckets follow the "
         "panel's interval, blocks are grouped $block_bucket per cell. "
         "kvscope query layout_heatmap (and kvscope layout dump) give the same cells.",
@@ -70,7 +71,7 @@ def build(cfg: Config) -> p.Board:
                 "vLLM V1 takes any free blocks: a short run with enough free blocks never "
                 "causes a preemption.",
                 p.prom(cfg.m("vllm_scheduler_max_contiguous_free_blocks"),
-                       "{{engine}} max contiguous free"),
-                p.prom(cfg.m("vllm_scheduler_free_blocks"), "{{engine}} free")),
+                       ID + " max contiguous free"),
+                p.prom(cfg.m("vllm_scheduler_free_blocks"), ID + " free")),
     )
     return b

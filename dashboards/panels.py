@@ -32,6 +32,8 @@ from dashboards.clickhouse import DATASOURCE as CLICKHOUSE
 from dashboards.clickhouse import ClickHouse
 from dashboards.config import CLICKHOUSE_TYPE, Config
 
+ID = "{{server}}/{{engine}}"
+"""Legend of a per-engine series: its identity, as the sidecar's engine key reads."""
 PROMETHEUS = dm.DataSourceRef(type_val="prometheus", uid="${prometheus}")
 LOKI = dm.DataSourceRef(type_val="loki", uid="${loki}")
 DATASOURCE_TYPES = {"prometheus": "prometheus", "clickhouse": CLICKHOUSE_TYPE, "loki": "loki"}

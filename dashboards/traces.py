@@ -27,7 +27,7 @@ def variables(cfg: Config) -> list[Any]:
         p.custom("limit", "Rows", ["10", "20", "50", "100"], limit, "Rows of the top lists."),
         p.label_values("block_size", "Block size",
                        cfg.m("kvscope_engine_info", engine=False).replace(
-                           "}", ', engine=~"$engine"}'), all_=False,
+                           "}", ', server=~"$server", engine=~"$engine"}'), all_=False,
                        description="Tokens per KV block of the engine (from its probe)."),
         p.textbox("request_id", "Request ID",
                   "An engine request ID (click one in a table) for the timeline below."),
@@ -40,8 +40,8 @@ def build(cfg: Config) -> p.Board:
                 "request's story.")
     b.variables(*variables(cfg))
     this = f"/d/{cfg.uids.requests}"
-    victim = (f"{this}?var-request_id=${{__value.raw}}&${{engine:queryparam}}"
-              "&${model:queryparam}&${days:queryparam}&${__url_time_range}")
+    victim = (f"{this}?var-request_id=${{__value.raw}}&${{server:queryparam}}"
+              "&${engine:queryparam}&${model:queryparam}&${days:queryparam}&${__url_time_range}")
     b.row("Preemptions per hour").add(p.grid(
         "Hourly preemption rate (last $days days)",
         "Per hour (UTC): requests that ended, those preempted at least once and their "

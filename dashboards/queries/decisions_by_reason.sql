@@ -5,6 +5,7 @@
 -- (loki/queries.logql) should agree.
 -- @param model = ''    one model ('' = all)
 -- @param engine = ''   one engine ('' = all)
+-- @param server = ''   one vLLM server ('' = all)
 SELECT
     decision,
     reason,
@@ -19,5 +20,6 @@ WHERE ts >= {since:DateTime64(3)}
   AND ts <= {until:DateTime64(3)}
   AND ({model:String} = '' OR model = {model:String})
   AND ({engine:String} = '' OR engine = {engine:String})
+  AND ({server:String} = '' OR server = {server:String})
 GROUP BY decision, reason
 ORDER BY decisions DESC, decision, reason

@@ -3,6 +3,7 @@
 -- blocks scattered? Fragments cost KV transfer descriptors, never attention.
 -- @param model = ''   one model ('' = any)
 -- @param limit = 20   rows to return
+-- @param server = ''   one vLLM server ('' = any)
 SELECT
     sampled,
     request_id,
@@ -13,6 +14,7 @@ FROM
     SELECT ts AS sampled, owner_req_ids, owner_blocks, owner_fragments
     FROM layout_snapshots
     WHERE engine = {engine:String}
+      AND ({server:String} = '' OR server = {server:String})
       AND ({model:String} = '' OR model = {model:String})
       AND ts >= {since:DateTime64(3)}
       AND ts <= {until:DateTime64(3)}

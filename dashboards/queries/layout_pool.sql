@@ -3,6 +3,7 @@
 -- cached (free but holding prefix-cache data), used, the longest run of consecutive free
 -- block IDs, and running / waiting requests. The same samples as layout_heatmap.sql.
 -- @param model = ''   one model ('' = any)
+-- @param server = ''   one vLLM server ('' = any)
 SELECT
     ts AS time,
     free_blocks,
@@ -13,6 +14,7 @@ SELECT
     waiting
 FROM layout_snapshots
 WHERE engine = {engine:String}
+  AND ({server:String} = '' OR server = {server:String})
   AND ({model:String} = '' OR model = {model:String})
   AND ts >= {since:DateTime64(3)}
   AND ts <= {until:DateTime64(3)}

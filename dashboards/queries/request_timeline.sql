@@ -5,8 +5,10 @@
 -- @param request_id = ''   the engine's request ID (as in request_traces)
 -- @param model = ''        one model ('' = all)
 -- @param engine = ''       one engine ('' = all)
+-- @param server = ''       one vLLM server ('' = all)
 SELECT
     ts,
+    server,
     engine,
     event,
     step,
@@ -21,4 +23,5 @@ FROM request_events
 WHERE request_id = {request_id:String}
   AND ({model:String} = '' OR model = {model:String})
   AND ({engine:String} = '' OR engine = {engine:String})
+  AND ({server:String} = '' OR server = {server:String})
 ORDER BY ts, step, event

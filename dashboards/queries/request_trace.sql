@@ -4,9 +4,11 @@
 -- @param request_id = ''   the engine's request ID
 -- @param model = ''        one model ('' = all)
 -- @param engine = ''       one engine ('' = all)
+-- @param server = ''       one vLLM server ('' = all)
 SELECT
     ts AS ended,
     model,
+    server,
     engine,
     request_id,
     prompt_len,
@@ -32,4 +34,5 @@ FROM request_traces
 WHERE request_id = {request_id:String}
   AND ({model:String} = '' OR model = {model:String})
   AND ({engine:String} = '' OR engine = {engine:String})
+  AND ({server:String} = '' OR server = {server:String})
 ORDER BY ended

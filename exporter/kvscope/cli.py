@@ -24,7 +24,8 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         "--health-timeout",
         dest="health_timeout_s",
         type=float,
-        help=f"seconds without records before /healthz fails [{ENV['health_timeout_s']}]",
+        help=f"seconds without records or heartbeats before a probe is silent (/readyz "
+             f"fails) [{ENV['health_timeout_s']}]",
     )
     p.add_argument(
         "--vllm-url", help=f"also scrape this vLLM server's /metrics [{ENV['vllm_url']}]"
@@ -35,7 +36,8 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         type=float,
         help=f"seconds between scrapes of vLLM [{ENV['vllm_scrape_interval_s']}]",
     )
-    p.add_argument("--token", help=f"bearer token for every route but /healthz [{ENV['token']}]")
+    p.add_argument("--token", help=f"bearer token for every route but /healthz and /readyz "
+                                   f"[{ENV['token']}]")
     p.add_argument("--log-level", help=f"debug, info, warning or error [{ENV['log_level']}]")
     p.add_argument("--decision-log",
                    help=f"decision log file, '-' for stdout, 'off' [{ENV['decision_log']}]")
@@ -53,6 +55,12 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-key", help=f"PEM private key of --tls-cert [{ENV['tls_key']}]")
     p.add_argument("--hash-key-file",
                    help=f"secret keying prompt and API-key hashes [{ENV['hash_key_file']}]")
+    p.add_argument("--probe-secret-file",
+                   help=f"file holding the probe secret that tcp endpoints require (or set "
+                        f"{ENV['probe_secret']}) [{ENV['probe_secret_file']}]")
+    p.add_argument("--receive-buffer-bytes", type=int,
+                   help=f"bytes of received frames held for ingestion, default 256 MiB "
+                        f"[{ENV['receive_buffer_bytes']}]")
     p.add_argument("--decision-log-max-bytes", type=int,
                    help=f"rotate the decision log file at this size "
                         f"[{ENV['decision_log_max_bytes']}]")

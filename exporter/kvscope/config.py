@@ -12,6 +12,17 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 from urllib.parse import urlsplit
 
+from kvscope_probe.transport import (
+    ENV_SECRET,
+    ENV_SECRET_FILE,
+    TransportError,
+    read_secret,
+    requires_auth,
+)
+
+MIN_HEALTH_TIMEOUT_S = 4.0
+"""Twice kvscope_probe.sender.HEARTBEAT_S."""
+
 
 def default_data_dir() -> str:
     """Where the embedded store lives: $XDG_DATA_HOME/kvscope or ~/.local/share/kvscope."""
@@ -41,7 +52,8 @@ class ServeConfig:
     port: int = 9477
     """HTTP port (env KVSCOPE_PORT)."""
     health_timeout_s: float = 30.0
-    """/healthz fails when no probe record arrived for this long (env KVSCOPE_HEALTH_TIMEOUT_S)."""
+    """A probe heard from (records or heartbeats) within this long is connected; /readyz
+    fails while one is silent longer (env KVSCOPE_HEALTH_TIMEOUT_S)."""
     vllm_url: str | None = None
     """vLLM server to scrape for coarse metrics and reconciliation (env KVSCOPE_VLLM_URL)."""
     vllm_scrape_interval_s: float = 5.0
@@ -74,6 +86,19 @@ class ServeConfig:
     hash_key_file: str | None = None
     """Secret that keys prompt and API-key hashes; default ``<data dir>/hash.key``,
     generated when absent (env KVSCOPE_HASH_KEY_FILE)."""
+    probe_secret: str | None = field(default=None, repr=False)
+    """Shared secret of probes and sidecar; tcp endpoints require it (CURVE keys derive from
+    it). Environment only, never a flag (env KVSCOPE_PROBE_SECRET)."""
+    probe_secret_file: str | None = None
+    """File holding that secret (env KVSCOPE_PROBE_SECRET_FILE)."""
+    receive_buffer_bytes: int = 256 << 20
+    """Bytes of received frames held for ingestion; more are refused and counted
+    (env KVSCOPE_RECEIVE_BUFFER_BYTES)."""
+
+    def secret(self) -> bytes | None:
+        """The probe secret from its value or file (raises TransportError when unusable)."""
+        return read_secret({ENV_SECRET: self.probe_secret or "",
+                            ENV_SECRET_FILE: self.probe_secret_file or ""})
 
     def store_dsn(self) -> str | None:
         """The ClickHouse DSN to write to, None when the store is off."""
@@ -88,10 +113,22 @@ class ServeConfig:
         for ep in self.endpoints:
             if not ep.startswith(("ipc://", "tcp://")):
                 errors.append(f"probe endpoint {ep!r} must start with ipc:// or tcp://")
+        try:
+            secret = self.secret()
+        except TransportError as exc:
+            errors.append(str(exc))
+            secret = b"unusable"
+        tcp = [ep for ep in self.endpoints if requires_auth(ep)]
+        if tcp and secret is None:
+            errors.append(f"tcp probe endpoints ({', '.join(tcp)}) need the probe secret: set "
+                          f"{ENV_SECRET} or --probe-secret-file (openssl rand -hex 32)")
+        if self.receive_buffer_bytes < 1 << 20:
+            errors.append("receive buffer must be at least 1 MiB")
         if not 0 < self.port < 65536:
             errors.append(f"port {self.port} is outside 1-65535")
-        if self.health_timeout_s <= 0:
-            errors.append("health timeout must be positive")
+        if self.health_timeout_s < MIN_HEALTH_TIMEOUT_S:
+            errors.append(f"health timeout must be at least {MIN_HEALTH_TIMEOUT_S:g} s: twice "
+                          "the probe's heartbeat interval, or idle engines would flap")
         if self.vllm_scrape_interval_s <= 0:
             errors.append("vLLM scrape interval must be positive")
         if self.vllm_url is not None:
@@ -156,6 +193,9 @@ ENV = {
     "tls_cert": "KVSCOPE_TLS_CERT",
     "tls_key": "KVSCOPE_TLS_KEY",
     "hash_key_file": "KVSCOPE_HASH_KEY_FILE",
+    "probe_secret": ENV_SECRET,
+    "probe_secret_file": ENV_SECRET_FILE,
+    "receive_buffer_bytes": "KVSCOPE_RECEIVE_BUFFER_BYTES",
 }
 
 

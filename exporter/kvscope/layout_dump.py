@@ -2,8 +2,12 @@
 
 The JSON follows ``kvscope/sidecar/layout.schema.json`` (``$defs/dump``): the
 ``/api/layout`` entry of each engine plus its recent timeline from
-``/api/layout/history``. ``--pid`` picks the engine whose EngineCore has that process ID,
-looking for it on ``--url`` and ``$KVSCOPE_URL`` and the default address.
+``/api/layout/history``. ``--pid`` takes any process of a vLLM server's tree (the API
+server, an EngineCore, a worker) and picks the engines of that tree: an engine matches
+when the PID is in the tree around its EngineCore (its topmost vLLM ancestor, usually the
+API server, and everything below). It looks on ``--url``, ``$KVSCOPE_URL`` and the
+default address. Run it where the vLLM processes are visible (same host and PID namespace);
+elsewhere only the EngineCore's own PID matches.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import time
 from typing import Any
 
 import httpx
+import psutil
 
 DEFAULT_URL = "http://127.0.0.1:9477"
 FORMAT = "kvscope-layout-dump/1"
@@ -34,9 +39,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--png", help="also draw a heatmap PNG here (block ID x time)")
     p.add_argument("--url", default=os.environ.get("KVSCOPE_URL") or DEFAULT_URL,
                    help=f"sidecar base URL, default {DEFAULT_URL} [KVSCOPE_URL]")
-    p.add_argument("--pid", type=int, help="only the engine whose EngineCore has this PID; "
-                   "looks on --url, $KVSCOPE_URL and the default URL")
-    p.add_argument("--engine", help="only this engine label")
+    p.add_argument("--pid", type=int, help="only the engines of the vLLM server that has "
+                   "this PID (API server, EngineCore or worker); looks on --url, "
+                   "$KVSCOPE_URL and the default URL")
+    p.add_argument("--engine", help="only this engine (its key, or its engine label)")
     p.add_argument("--history", type=float, default=600.0,
                    help="seconds of timeline to include (default 600; 0 for none)")
     p.add_argument("--token", default=os.environ.get("KVSCOPE_TOKEN"),
@@ -63,8 +69,34 @@ class Sidecar:
         return r.json()
 
 
-def find_by_pid(pid: int, urls: list[str], token: str | None, timeout: float) -> tuple[str, str]:
-    """(sidecar URL, engine label) of the engine whose EngineCore has this pid."""
+def _is_vllm(proc: psutil.Process) -> bool:
+    try:
+        return "vllm" in " ".join(proc.cmdline()).lower()
+    except (psutil.Error, OSError):
+        return False
+
+
+def engine_tree(pid: int) -> set[int]:
+    """The PIDs that count as the engine with EngineCore ``pid``: the tree under its
+    topmost vLLM ancestor (API server, launcher), or just ``pid`` when that process is
+    not visible here or is no vLLM process."""
+    try:
+        proc = psutil.Process(pid)
+        root = proc
+        for parent in proc.parents():  # nearest first
+            if not _is_vllm(parent):
+                break
+            root = parent
+        if root is proc and not _is_vllm(proc):
+            return {pid}
+        return {root.pid} | {c.pid for c in root.children(recursive=True)}
+    except (psutil.Error, OSError):
+        return {pid}
+
+
+def find_by_pid(pid: int, urls: list[str], token: str | None, timeout: float
+                ) -> tuple[str, list[str]]:
+    """(sidecar URL, engine keys) of the engines whose vLLM process tree holds ``pid``."""
     seen: list[str] = []
     for url in urls:
         try:
@@ -72,34 +104,38 @@ def find_by_pid(pid: int, urls: list[str], token: str | None, timeout: float) ->
         except (httpx.HTTPError, DumpError, ValueError, KeyError) as exc:
             seen.append(f"{url}: {exc}")
             continue
-        for e in engines:
-            if e.get("pid") == pid:
-                return url, str(e["engine"])
-        pids = ", ".join(f"engine {e.get('engine')} pid {e.get('pid')}" for e in engines)
+        keys = [str(e.get("key", e["engine"])) for e in engines
+                if isinstance(e.get("pid"), int) and pid in engine_tree(e["pid"])]
+        if keys:
+            return url, keys
+        pids = ", ".join(f"engine {e.get('key', e.get('engine'))} pid {e.get('pid')}"
+                         for e in engines)
         seen.append(f"{url}: {pids or 'no engine'}")
-    raise DumpError(f"no sidecar serves a vLLM engine with pid {pid}; checked "
-                    + "; ".join(seen))
+    raise DumpError(f"no sidecar serves a vLLM engine with pid {pid} in its process tree; "
+                    "checked " + "; ".join(seen))
 
 
-def collect(side: Sidecar, engine: str | None, history_s: float) -> dict[str, Any]:
-    body = side.get("/api/layout", engine=engine, max_runs=200_000)
+def collect(side: Sidecar, engines: list[str] | None, history_s: float) -> dict[str, Any]:
+    """The dump of these engines (keys or labels; None: every engine)."""
+    bodies = [side.get("/api/layout", engine=e, max_runs=200_000) for e in engines or [None]]
     now = time.time()
-    for e in body["engines"]:
+    found = [e for b in bodies for e in b["engines"]]
+    for e in found:
         if history_s > 0:
-            e["timeline"] = side.get("/api/layout/history", engine=e["engine"],
+            e["timeline"] = side.get("/api/layout/history", engine=e.get("key", e["engine"]),
                                      since=now - history_s, until=now + 1)
     return {"format": FORMAT, "source": side.url, "taken_at": now,
-            "interval_s": body.get("interval_s"), "engines": body["engines"]}
+            "interval_s": bodies[0].get("interval_s"), "engines": found}
 
 
 def run(args: argparse.Namespace) -> int:
-    url, engine = args.url, args.engine
+    url, engines = args.url, [args.engine] if args.engine else None
     try:
         if args.pid is not None:
             candidates = list(dict.fromkeys(
                 [args.url, os.environ.get("KVSCOPE_URL") or DEFAULT_URL, DEFAULT_URL]))
-            url, engine = find_by_pid(args.pid, candidates, args.token, args.timeout)
-        dump = collect(Sidecar(url, args.token, args.timeout), engine, args.history)
+            url, engines = find_by_pid(args.pid, candidates, args.token, args.timeout)
+        dump = collect(Sidecar(url, args.token, args.timeout), engines, args.history)
     except (httpx.HTTPError, DumpError) as exc:
         print(f"kvscope layout dump: {exc}", file=sys.stderr)
         return 1

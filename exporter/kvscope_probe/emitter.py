@@ -1,7 +1,8 @@
 """Sends the middleware's client events to the sidecar without ever blocking a request.
 
-Same rules as the probe's sender: a bounded queue, a daemon thread, ZMQ PUSH with
-NOBLOCK; overflow and unreachable sidecars drop events and count them.
+Same rules as the probe's sender, through the same ``kvscope_probe.transport`` (socket,
+CURVE on tcp, non-blocking send): a bounded queue, a daemon thread; overflow and
+unreachable sidecars drop events and count them.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import uuid
 from collections import deque
 from typing import Any
 
-from kvscope_probe import wire
+from kvscope_probe import transport, wire
 
 log = logging.getLogger("kvscope.middleware")
 
@@ -50,13 +51,7 @@ class Emitter:
 
     def _run(self) -> None:
         try:
-            import zmq
-
-            sock = zmq.Context.instance().socket(zmq.PUSH)
-            sock.setsockopt(zmq.SNDHWM, self.hwm)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.IMMEDIATE, 1)
-            sock.connect(self.endpoint)
+            sock = transport.push_socket(self.endpoint, hwm=self.hwm)
         except Exception as exc:  # noqa: BLE001
             log.warning("kvscope middleware: cannot open %s (%r); client events off",
                         self.endpoint, exc)
@@ -74,12 +69,10 @@ class Emitter:
             try:
                 # A fresh connection (or a briefly busy sidecar) gets a moment; a dead one
                 # costs this thread 100 ms per batch, never the request.
-                if not sock.poll(100, zmq.POLLOUT):
-                    raise zmq.Again()
-                sock.send_multipart(wire.encode(frame), flags=zmq.NOBLOCK)
-                self.sent += len(batch)
-            except zmq.Again:
-                self.dropped += len(batch)
+                if transport.send(sock, wire.encode(frame), 100):
+                    self.sent += len(batch)
+                else:
+                    self.dropped += len(batch)
             except Exception as exc:  # noqa: BLE001
                 self.dropped += len(batch)
                 log.debug("kvscope middleware: send failed: %r", exc)

@@ -7,7 +7,10 @@ process (the one that schedules) records and sends anything.
 
 Environment:
 - ``KVSCOPE_PROBE_ENDPOINT``: ZMQ endpoint the sidecar binds (``ipc://...`` or ``tcp://...``)
-- ``KVSCOPE_ENGINE``: engine label (default: the data-parallel rank)
+- ``KVSCOPE_SERVER``: which vLLM server (default: its API server's host:port)
+- ``KVSCOPE_ENGINE``: engine label (default: the data-parallel index, as vLLM's ``engine``)
+- ``KVSCOPE_PROBE_SECRET`` / ``KVSCOPE_PROBE_SECRET_FILE``: the shared secret a tcp
+  endpoint requires (``kvscope_probe.transport``)
 - ``KVSCOPE_PROBE_RING``: ring capacity in records (default 8192)
 - ``KVSCOPE_PROBE_KEYFRAME_S``: seconds between keyframes (default 5)
 - ``KVSCOPE_PROBE_HWM``: ZMQ send high-water mark in frames (default 1000)
@@ -18,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any
 
 log = logging.getLogger("kvscope_probe")
@@ -70,6 +74,9 @@ def attach(sched: Any) -> Any:
                 keyframe_interval_s=_float_env("KVSCOPE_PROBE_KEYFRAME_S", 5.0),
             )
             rec.push(rec.hello)
+            # The pool as it is now: an engine that idles before its first step is in
+            # sync at the sidecar at once (its ledger would read stale until then).
+            rec.keyframe(time.perf_counter_ns())
             sender = Sender(
                 rec,
                 str(_endpoint),

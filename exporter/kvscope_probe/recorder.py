@@ -19,6 +19,7 @@ from itertools import compress
 from typing import Any
 
 from kvscope_probe import wire
+from kvscope_probe.identity import engine_identity
 from kvscope_probe.mirror import PoolMirror
 from kvscope_probe.reasons import classify
 
@@ -105,12 +106,10 @@ class Recorder(PoolMirror):
         if isinstance(served, (list, tuple)):
             served = served[0] if served else None
         model = str(served or cfg.model_config.model)
-        engine = os.environ.get("KVSCOPE_ENGINE") or str(
-            getattr(cfg.parallel_config, "data_parallel_rank", 0)
-        )
+        ident = engine_identity(cfg)
         sc = sched.scheduler_config
         return wire.Hello(
-            engine=engine,
+            engine=ident.engine,
             session=uuid.uuid4().hex[:16],
             pid=os.getpid(),
             vllm_version=str(getattr(vllm, "__version__", "unknown")),
@@ -124,6 +123,9 @@ class Recorder(PoolMirror):
             policy=str(sched.policy.value),
             prefix_caching=bool(self.pool.enable_caching),
             ts=_wall(),
+            server=ident.server,
+            dp_rank=ident.dp_rank,
+            started=ident.started,
         )
 
     # -- ring -------------------------------------------------------------------

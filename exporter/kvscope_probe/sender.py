@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any
 
-from kvscope_probe import wire
+from kvscope_probe import transport, wire
 from kvscope_probe.recorder import Recorder
 
 log = logging.getLogger("kvscope_probe")
@@ -24,6 +24,8 @@ FLUSH_INTERVAL_S = 0.02
 """Pause after sending, so a frame carries the records of many steps. The high-water
 marks count frames: at one frame per step (about 1 ms on a small engine) they held about
 a second of records, and a sidecar descheduled for longer made the probe drop records."""
+HEARTBEAT_S = 2.0
+"""A heartbeat goes out when no record was sent for this long (wire.Heartbeat)."""
 CONNECT_GRACE_MS = 1000
 """How long the sender waits, once, for its first connection before it starts sending."""
 
@@ -72,19 +74,34 @@ class Sender(threading.Thread):
         self.endpoint = endpoint
         self.hwm = hwm
         self.sent = 0
+        self.heartbeats = 0
         self.stop_event = threading.Event()
         self._sock: Any = None
+        self._last_send = time.monotonic()
+        self._seen_seq = -1
+        self._seen_at: float | None = None
 
     def _socket(self) -> Any:
-        import zmq
+        return transport.push_socket(self.endpoint, hwm=self.hwm)
 
-        ctx = zmq.Context.instance()
-        sock = ctx.socket(zmq.PUSH)
-        sock.setsockopt(zmq.SNDHWM, self.hwm)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.IMMEDIATE, 1)  # queue only to a connected sidecar
-        sock.connect(self.endpoint)
-        return sock
+    def heartbeat(self, now: float) -> None:
+        """While no record went out for HEARTBEAT_S, tell the sidecar this probe lives.
+
+        Costs the engine thread nothing: the time of the last step is when this thread
+        last saw the recorder's sequence number move (within one loop pause, <= 50 ms)."""
+        rec = self.rec
+        seq = rec.seq
+        if seq != self._seen_seq:
+            self._seen_seq, self._seen_at = seq, now
+        if now - self._last_send < HEARTBEAT_S:
+            return
+        self._last_send = now
+        since = -1.0 if self._seen_at is None else now - self._seen_at
+        frame = wire.Frame(engine=rec.hello.engine, session=rec.hello.session, first_seq=seq,
+                           dropped=rec.ring_dropped + rec.send_dropped, faults=rec.faults,
+                           records=[wire.Heartbeat(ts=time.time(), since_step_s=since)])
+        if transport.send(self._sock, wire.encode(frame), 0):
+            self.heartbeats += 1
 
     def run(self) -> None:
         import zmq
@@ -106,6 +123,10 @@ class Sender(threading.Thread):
         while not self.stop_event.is_set():
             try:
                 n = self.drain_once()
+                now = time.monotonic()
+                if n:
+                    self._last_send = now
+                self.heartbeat(now)
             except Exception as exc:  # noqa: BLE001
                 self.rec.fault("sender", exc, rescan=False)
                 n = 0
@@ -139,9 +160,8 @@ class Sender(threading.Thread):
                 # A busy sidecar (or its starved I/O thread) fills the pipe for moments:
                 # wait a little on this thread rather than drop. The engine thread never
                 # waits; if this wait lasts, the ring fills and drops are counted there.
-                if not self._sock.poll(SEND_WAIT_MS, zmq.POLLOUT):
+                if not transport.send(self._sock, wire.encode(frame), SEND_WAIT_MS):
                     raise zmq.Again()
-                self._sock.send_multipart(wire.encode(frame), flags=zmq.NOBLOCK, copy=False)
                 self.sent += n
             except Exception as exc:  # noqa: BLE001
                 # The batch is gone whatever failed (building, encoding or sending it):

@@ -47,7 +47,7 @@ class Hello(msgspec.Struct, tag="hello", array_like=True, frozen=True):
     """Static facts about one engine, sent first and inside every keyframe."""
 
     engine: str
-    """Engine label: ``KVSCOPE_ENGINE`` or the data-parallel rank."""
+    """Engine label: ``KVSCOPE_ENGINE`` or the data-parallel index (vLLM's ``engine``)."""
     session: str
     """Random ID of this probe instance; a new one means the engine restarted."""
     pid: int
@@ -65,6 +65,14 @@ class Hello(msgspec.Struct, tag="hello", array_like=True, frozen=True):
     policy: str
     prefix_caching: bool
     ts: float
+    server: str = ""
+    """Which vLLM server: ``KVSCOPE_SERVER`` or its API server's host:port; "" for an
+    engine outside an API server (kvscope_probe.identity)."""
+    dp_rank: int = -1
+    """The data-parallel index vLLM gave this engine (-1 unknown)."""
+    started: float = 0.0
+    """Epoch seconds at which the EngineCore process started (0.0 unknown): lets the
+    sidecar check the PID only when it sees this very process."""
 
 
 class Preemption(msgspec.Struct, array_like=True, frozen=True):

@@ -222,7 +222,7 @@ def test_query_command_formats(run: Run, capsys: pytest.CaptureFixture[str],
     assert query.run(cli("top_preempted_requests", *base, "--param", "limit=3",
                          "--format", "csv")) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("ended,model,engine,request_id") and len(lines) == 4
+    assert lines[0].startswith("ended,model,server,engine,request_id") and len(lines) == 4
     assert query.run(cli("blocks_needed_vs_free", *base)) == 0
     out = capsys.readouterr().out
     assert "kv_full" in out and out.rstrip().endswith("(1 rows)")

@@ -1,8 +1,8 @@
 """Property 6: nobody gets in who should not.
 
 ``kvscope serve`` listens on 127.0.0.1 by default; any other bind without a token refuses to
-start; the token guards every route the app has but /healthz, and the guard's decision is
-``hmac.compare_digest``'s; with ``--tls-cert/--tls-key`` it speaks HTTPS and only HTTPS.
+start; the token guards every route the app has but /healthz and /readyz, and the guard's
+decision is ``hmac.compare_digest``'s; with ``--tls-cert/--tls-key`` it speaks HTTPS and only HTTPS.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def app_routes(tmp_path: Path) -> list[tuple[str, str]]:
     return out
 
 
-def test_the_token_guards_every_route_but_healthz(tmp_path: Path) -> None:
+def test_the_token_guards_every_route_but_the_health_probes(tmp_path: Path) -> None:
     routes = app_routes(tmp_path)
     side = ServeProcess(tmp_path / "s", args=OFF + ["--token", TOKEN], token=TOKEN)
     wrong = ["", "Bearer", f"Bearer {TOKEN[:-1]}", f"Bearer {TOKEN}x",
@@ -109,7 +109,7 @@ def test_the_token_guards_every_route_but_healthz(tmp_path: Path) -> None:
                     headers = {"Authorization": auth.encode("utf-8")} if auth else {}
                     r = c.request(method, path, headers=headers)
                     tried += 1
-                    if path == "/healthz":
+                    if path in ("/healthz", "/readyz"):  # open for liveness / readiness probes
                         assert r.status_code in (200, 503), (method, path, auth)
                     else:
                         assert r.status_code == 401, (method, path, auth, r.status_code)
@@ -126,7 +126,7 @@ def test_the_token_guards_every_route_but_healthz(tmp_path: Path) -> None:
     finally:
         side.stop()
     print(f"\nproperty 6b: {len(routes)} routes {sorted({p for _, p in routes})}, "
-          f"{tried} guarded requests, 401 for all but /healthz without the right token")
+          f"{tried} guarded requests, 401 for all but the health probes without the right token")
     assert {"/metrics", "/api/engines", "/openapi.json", "/docs", "/ui"} <= {p for _, p in routes}
 
 

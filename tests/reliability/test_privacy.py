@@ -40,7 +40,7 @@ CANARY = f"CANARY-{secrets.token_hex(8)} please summarise the quarterly numbers"
 API_KEY = f"sk-canary-{secrets.token_hex(12)}"
 PASSWORD = f"pw-canary-{secrets.token_hex(8)}"
 CLIENT = "team-privacy"
-ROUTES = ["/metrics", "/healthz", "/api/engines", "/api/layout", "/api/layout/history",
+ROUTES = ["/metrics", "/healthz", "/readyz", "/api/engines", "/api/layout", "/api/layout/history",
           "/health/preempt-rate", "/openapi.json", "/ui"]
 
 

@@ -103,10 +103,11 @@ def test_a_stopped_sidecar_never_blocks_the_engine(tmp_path: Path,
         t_cont = time.monotonic()
         side.resume()
         gaps = wait_until("a gap to be seen after SIGCONT",
-                          lambda: side.value("kvscope_ledger_gaps_total", engine="0",
+                          lambda: side.value("kvscope_ledger_gaps_total", server="", engine="0",
                                              model="twin"), 60)
         wait_until("the ledger to be synced again",
-                   lambda: side.value("kvscope_ledger_synced", engine="0", model="twin") == 1,
+                   lambda: side.value("kvscope_ledger_synced", server="", engine="0",
+                                      model="twin") == 1,
                    30, every_s=0.05)
         resync_s = time.monotonic() - t_cont
         time.sleep(2.0)
@@ -164,7 +165,7 @@ def test_a_killed_sidecar_is_replaced_and_the_new_one_resyncs(
                 time.sleep(0.02)
                 continue
             synced = m.get(("kvscope_ledger_synced", frozenset(
-                {"engine": "0", "model": "twin"}.items())))
+                {"server": "", "engine": "0", "model": "twin"}.items())))
             has_free = any(k[0] == "vllm_scheduler_free_blocks" for k in m)
             seen.append((time.monotonic(), synced == 1, has_free))
             time.sleep(0.02)

@@ -19,7 +19,17 @@ import httpx
 import yaml
 
 from kvscope.localvllm.server import free_port
-from tests.stack.promstack import REPO, RULE_FILE, Proc, Prometheus, binary, ready, wait_for
+from tests.stack.promstack import (
+    FEED_SERVER,
+    HEALTH_TIMEOUT_S,
+    REPO,
+    RULE_FILE,
+    Proc,
+    Prometheus,
+    binary,
+    ready,
+    wait_for,
+)
 
 
 class DashStack:
@@ -53,11 +63,13 @@ class DashStack:
         prom_cfg = self.write_config()
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "VLLM_USAGE_STATS_ENABLED": "0",
                "DO_NOT_TRACK": "1"}
+        # The twin is no API server: name its server as a deployment would.
         self._start("feeder", [sys.executable, "-m", "tests.stack.dashfeed", "feed",
-                               self.endpoint], cwd=REPO, stdin=subprocess.PIPE, env=env)
+                               self.endpoint], cwd=REPO, stdin=subprocess.PIPE,
+                    env={**env, "KVSCOPE_SERVER": FEED_SERVER})
         self._start("sidecar", [
             sys.executable, "-m", "kvscope", "serve", "--endpoint", self.endpoint,
-            "--port", str(self.ports["sidecar"]), "--health-timeout", "2",
+            "--port", str(self.ports["sidecar"]), "--health-timeout", str(HEALTH_TIMEOUT_S),
             "--log-level", "warning", "--data-dir", str(self.data),
             "--decision-log", str(self.decision_log), "--layout-interval", "0.5",
         ], env=env)

@@ -192,6 +192,13 @@ PRESSURE = WorkloadSpec(n_requests=200, seed=0, short_fraction=0.85, max_tokens=
 """Mostly short prompts with long outputs on 48 blocks: the pool stays near empty."""
 PRESSURE_STEP_S = 0.006
 PRESSURE_MAX_STEPS = 3000
+HEALTH_TIMEOUT_S = 5
+"""The stacks' kvscope serve --health-timeout (the least the sidecar accepts: twice the
+probe's heartbeat interval)."""
+PHASE_S = 12.0
+"""How long the feeder stays stalled, then silent: longer than the health timeout."""
+FEED_SERVER = "twin-feed:8000"
+"""The feeding twin's server label (KVSCOPE_SERVER): the twin is no API server."""
 
 
 def feed(endpoint: str) -> None:
@@ -201,10 +208,13 @@ def feed(endpoint: str) -> None:
        needs (the budget gauge covers the last 10 s of steps);
     2. PRESSURE, decode-heavy on 48 blocks: the pool runs out while the budget idles,
        requests are preempted and admission blocks. It stops after PRESSURE_MAX_STEPS with
-       requests still running or waiting: an engine that stalls with work pending.
+       requests still running or waiting: an engine that stalls with work pending;
+    3. STALLED: no more steps while the probe heartbeats (the engine loop is stuck), then
+       SILENT: the probe stops while the process lives; then the process exits (gone).
+       Each lasts ``PHASE_S``, longer than the sidecar's health timeout.
 
     Prints READY after the (slow) vLLM imports, waits for a line on stdin, prints
-    ``DONE {json}`` at the end.
+    ``DONE {json}`` at the end, and exits.
     """
     import dataclasses
 
@@ -229,7 +239,9 @@ def feed(endpoint: str) -> None:
         "running": len(sched.running),
         "waiting": len(sched.waiting),
     }
+    time.sleep(PHASE_S)  # stalled: heartbeats, no step, work pending
     plugin.stop_all()
+    time.sleep(PHASE_S)  # silent: the probe stopped, the process lives
     print("DONE " + json.dumps(done), flush=True)
 
 

@@ -116,18 +116,20 @@ def test_every_promql_expression_parses(dashboards: dict[str, dict[str, Any]]) -
     exprs = [t for t in targets(dashboards) if t.kind == "prometheus"]
     assert len(exprs) >= 40
     for t in exprs:
-        for values in ({"engine": "0", "model": "m"}, {"engine": ".*", "model": ".*"}):
+        for values in ({"server": "s:1", "engine": "0", "model": "m"},
+                       {"server": ".*", "engine": ".*", "model": ".*"}):
             text = interpolate(t.text, {**PROM_BUILTINS, **values, "client": ".*"})
             promql_parser.parse(text)
     for d in dashboards.values():
         for v in variables(d).values():
             if v["type"] == "query":
                 selector, _ = label_values(v["query"])
-                promql_parser.parse(interpolate(selector, {"engine": "0", "model": "m"}))
+                promql_parser.parse(interpolate(selector, {"server": "s:1", "engine": "0",
+                                                           "model": "m"}))
 
 
 def test_every_logql_query_parses(dashboards: dict[str, dict[str, Any]]) -> None:
-    queries = {f"{t.key} [{engine}]": interpolate(t.text, {"engine": engine})
+    queries = {f"{t.key} [{engine}]": interpolate(t.text, {"server": engine, "engine": engine})
                for t in targets(dashboards) if t.kind == "loki" for engine in ("0", ".*")}
     assert len(queries) >= 16
     assert parse_errors(queries) == {k: [] for k in queries}
@@ -168,10 +170,12 @@ def _watch(stack: DashStack, exprs: list[Target], out: Live) -> None:
     def poll() -> bool:
         if "engine" not in out.values:
             series = 'vllm_scheduler_running_requests{job="kvscope"}'
-            engines, models = (stack.label_values(series, x) for x in ("engine", "model"))
-            if not engines or not models:
+            servers, engines, models = (stack.label_values(series, x)
+                                        for x in ("server", "engine", "model"))
+            if not servers or not engines or not models:
                 return False
-            out.values.update(engine=engines[0], model=models[0], client=".*")
+            out.values.update(server=servers[0], engine=engines[0], model=models[0],
+                              client=".*")
         vals = {**PROM_BUILTINS, **out.values}
         for t in exprs:
             if t.key not in out.first and stack.prom.query(interpolate(t.text, vals)):
@@ -248,14 +252,14 @@ def test_every_clickhouse_panel_answers_on_twin_rows(
                             params={"engine": live.values["engine"]}), "victims")
     assert victim, "no preempted request in request_traces"
     concrete = {**live.values, "days": "7", "limit": "20", "block_bucket": "1",
-                "kv_group": "-1", "request_id": victim[0][3]}
+                "kv_group": "-1", "request_id": victim[0][4]}
     start, end = live.window[0] - 60, live.window[1] + 60
     counts: dict[str, int] = {}
     for t in sqls:
         all_vars = variables(dashboards[t.uid])
         variants = [frozenset()]
         if all_vars["engine"].get("includeAll"):
-            variants.append(frozenset({"engine", "model"}))
+            variants.append(frozenset({"server", "engine", "model"}))
         for all_ in variants:
             vals = {**concrete, **{name: ".*" for name in all_}}
             sql = clickhouse_macros(interpolate(t.text, vals, all_), start, end, 1)
@@ -271,13 +275,14 @@ def test_clickhouse_panels_answer_as_kvscope_query(
     with the same values return the same table."""
     tz = ZoneInfo(_rows(chdb.ask(sql="SELECT timezone()"), "timezone")[0][0])
     start, end = int(live.window[0] - 60), int(live.window[1] + 60)
-    victim = _rows(chdb.ask(saved="top_preempted_requests", params={}), "victims")[0][3]
+    victim = _rows(chdb.ask(saved="top_preempted_requests", params={}), "victims")[0][4]
 
     def stamp(s: int) -> str:
         return datetime.fromtimestamp(s, tz).strftime("%Y-%m-%d %H:%M:%S.000")
 
     params = {"days": "7", "limit": "20", "engine": live.values["engine"],
-              "model": live.values["model"], "block_size": live.values["block_size"],
+              "server": live.values["server"], "model": live.values["model"],
+              "block_size": live.values["block_size"],
               "request_id": victim, "block_bucket": "1", "kv_group": "-1",
               "since": stamp(start), "until": stamp(end), "time_bucket_s": "1", "bucket_s": "1"}
     compared = []

@@ -21,6 +21,8 @@ import yaml
 
 from kvscope.localvllm.server import free_port
 from tests.stack.promstack import (
+    FEED_SERVER,
+    HEALTH_TIMEOUT_S,
     REPO,
     RULE_FILE,
     Proc,
@@ -114,10 +116,12 @@ class Stack:
                "DO_NOT_TRACK": "1"}
         t, p = self.tmp, self.ports
         self._start("twin feeder", [sys.executable, "-m", "tests.stack.promstack", "feed",
-                                    self.endpoint], cwd=REPO, stdin=subprocess.PIPE, env=env)
+                                    self.endpoint], cwd=REPO, stdin=subprocess.PIPE,
+                    env={**env, "KVSCOPE_SERVER": FEED_SERVER})
         self._start("kvscope serve", [
             sys.executable, "-m", "kvscope", "serve", "--endpoint", self.endpoint,
-            "--port", str(p["sidecar"]), "--health-timeout", "2", "--log-level", "warning",
+            "--port", str(p["sidecar"]), "--health-timeout", str(HEALTH_TIMEOUT_S),
+            "--log-level", "warning",
             "--data-dir", str(t / "data"), "--decision-log", str(t / "decisions.jsonl"),
         ], env=env)
         self._start("alertmanager", [
@@ -274,10 +278,12 @@ def test_every_rule_answers_live_and_the_p1_reaches_alertmanager(tmp_path: Path)
     assert alert is not None and alert["status"] == "firing"
     labels, ann = alert["labels"], alert["annotations"]
     assert (labels["severity"], labels["priority"], labels["engine"]) == ("critical", "P1", "0")
-    assert re.fullmatch(r"Engine 0 \(\S+\) preempted requests .* while only [0-9.]+% of its "
-                        r"token budget was used\. .*", ann["description"]), ann["description"]
+    assert re.fullmatch(rf"Engine {FEED_SERVER}/0 \(\S+\) preempted requests .* while only "
+                        r"[0-9.]+% of its token budget was used\. .*", ann["description"]), \
+        ann["description"]
     assert ann["runbook_url"].endswith("/alerts/runbook.md#kvscopekvpoolexhaustedbudgetleft")
-    assert ann["dashboard_url"].endswith("/d/kvscope-blocks?var-engine=0")
+    assert ann["dashboard_url"].endswith(
+        f"/d/kvscope-blocks?var-server={FEED_SERVER}&var-engine=0")
     print(report(watch, rules, run))
 
 

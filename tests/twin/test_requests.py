@@ -31,6 +31,7 @@ def run_tracked(n_requests: int = 80, seed: int = 5) -> tuple[list[object], Hub,
     result = pt.run(generate(WorkloadSpec(n_requests=n_requests, seed=seed)))
     assert not rec.ring and not rec.ends  # the engine's last step reports the last ends
     tracker.flush(hub.engines)
+    sinks.close()  # the decision log writes on its own thread
     return rows, hub, log.getvalue(), result
 
 

@@ -13,7 +13,8 @@ def test_defaults_bind_loopback() -> None:
 
 
 def test_flag_beats_environment() -> None:
-    env = {"KVSCOPE_PORT": "9000", "KVSCOPE_PROBE_ENDPOINT": "tcp://127.0.0.1:5555,ipc:///x"}
+    env = {"KVSCOPE_PORT": "9000", "KVSCOPE_PROBE_ENDPOINT": "tcp://127.0.0.1:5555,ipc:///x",
+           "KVSCOPE_PROBE_SECRET": "s" * 32}
     cfg = from_sources({"port": 9100}, env=env)
     assert cfg.port == 9100
     assert cfg.endpoints == ("tcp://127.0.0.1:5555", "ipc:///x")

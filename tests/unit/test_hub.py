@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from kvscope.sidecar.hub import Hub
 from kvscope_probe import wire
 from tests.unit.test_wire import frame, hello, step
@@ -64,11 +66,13 @@ def test_bad_input_is_counted_and_the_hub_keeps_going() -> None:
     assert hub.engines["0"].ledger.synced
 
 
-def test_a_new_session_replaces_the_engine_state() -> None:
-    hub = Hub()
+def test_a_new_session_replaces_a_silent_engine_state() -> None:
+    hub = Hub(health_timeout_s=0.05)
     feed(hub, [hello(), step(), keyframe()], 0)
     hub.engines["0"].counters.preemptions["kv_full"] = 5
+    time.sleep(0.1)  # the old session fell silent: the new one is the engine restarted
     assert feed(hub, [step(), keyframe(session="s2")], 7, session="s2")
     st = hub.engines["0"]
     assert st.hello.session == "s2" and st.counters.preemptions["kv_full"] == 0
+    assert list(hub.engines) == ["0"] and not hub.collisions
     _ = frame

@@ -50,7 +50,7 @@ def check(data_dir: str) -> dict[str, Any]:
     back = client.query("SELECT states, owner, owner_req_ids, owner_blocks, owner_fragments, "
                         "block_group, budget_utilization FROM layout_snapshots ORDER BY ts")
     sql = (ROOT / "clickhouse/queries/layout_heatmap.sql").read_text()
-    params = {"engine": "0", "model": "", "since": t0 - 1, "until": t0 + 5,
+    params = {"engine": "0", "server": "", "model": "", "since": t0 - 1, "until": t0 + 5,
               "time_bucket_s": 1, "block_bucket": 1, "kv_group": -1}
     cells = client.query(sql, parameters=params).result_rows
     coarse = client.query(sql, parameters={**params, "block_bucket": 4,

@@ -12,7 +12,7 @@ from tests.unit.test_hub import feed, keyframe
 from tests.unit.test_vllm_metrics import TEXT
 from tests.unit.test_wire import hello, step
 
-L = {"engine": "0", "model": "tiny"}
+L = {"server": "", "engine": "0", "model": "tiny"}
 
 
 def registry_for(hub: Hub, **kw: object) -> CollectorRegistry:
@@ -66,11 +66,12 @@ def test_coarse_mode_and_reconciliation_from_vllm_metrics() -> None:
     scraper = VllmScraper("http://127.0.0.1:1")
     scraper.latest = parse(TEXT)
     reg = registry_for(Hub(), vllm=scraper)
-    assert reg.get_sample_value("kvscope_engine_coarse", L) == 1
-    assert reg.get_sample_value("vllm_scheduler_free_blocks", L) == 35
+    coarse = {**L, "server": "127.0.0.1:1"}  # the --vllm-url's host:port names its server
+    assert reg.get_sample_value("kvscope_engine_coarse", coarse) == 1
+    assert reg.get_sample_value("vllm_scheduler_free_blocks", coarse) == 35
     hub = busy_hub()
     reg = registry_for(hub, vllm=scraper)
-    assert reg.get_sample_value("kvscope_engine_coarse", L) is None
+    assert reg.get_sample_value("kvscope_engine_coarse", coarse) is None
     assert reg.get_sample_value("kvscope_reconciliation_preemptions_diff", L) == 1 - 25
     assert reg.get_sample_value("kvscope_reconciliation_free_blocks_diff", L) == 4 - 35
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import os
 import re
 import socket
 import time
@@ -88,6 +89,13 @@ def live_samples(tmp_path: Path) -> dict[str, set[str]]:
                 f"{i // 2}", len(r.prompt_token_ids), r.max_tokens, rid))
             requests.append(dataclasses.replace(r, request_id=f"cmpl-{rid}-0-{i:08x}"))
         pt.run(requests)
+        # two more live probes claiming one identity: a collision, kept apart and counted
+        os.environ["KVSCOPE_ENGINE"] = "twin-dup"
+        try:
+            for seed in (2, 3):
+                ProbedTwin(TwinConfig(num_blocks=48), seed=seed, hub=side.hub).drain()
+        finally:
+            del os.environ["KVSCOPE_ENGINE"]
         for i in range(len(requests)):
             side.clients.on_client(wire.ClientEnd(f"req-{i}", time.time(), 200, 1.0, f"req-{i}"))
         assert side.scraper is not None
@@ -160,4 +168,4 @@ def test_the_readme_metrics_table_is_the_live_registry(tmp_path: Path) -> None:
     assert not undocumented, f"exported but not in the README's Metrics table: {undocumented}"
     for n, row_labels in documented.items():
         if row_labels is not None:
-            assert live[n] - {"engine", "model"} <= row_labels, (n, live[n], row_labels)
+            assert live[n] - {"server", "engine", "model"} <= row_labels, (n, live[n], row_labels)

@@ -1,8 +1,16 @@
-"""The sidecar's HTTP surface: /metrics, /healthz, /api/engines (OpenAPI at /openapi.json)."""
+"""The sidecar's HTTP surface: /metrics, /healthz, /readyz, /api/engines (OpenAPI at
+/openapi.json).
+
+/healthz is liveness (the sidecar itself works); /readyz is readiness (a probe is
+connected and none is silent), with each engine's state. Both are open without the token,
+for probes; /readyz names the engines and their states, nothing more.
+"""
 
 from __future__ import annotations
 
 import hmac
+import time
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Query, Request
@@ -13,18 +21,23 @@ from kvscope import __version__
 from kvscope.sidecar.bodylimit import MAX_BODY_BYTES, BodyLimit
 from kvscope.sidecar.engine import EngineState
 from kvscope.sidecar.hub import Hub
+from kvscope.sidecar.presence import CONNECTED
 from kvscope.sidecar.pressure import PressurePolicy, preempt_rate
 
-OPEN_PATHS = ("/healthz",)
+OPEN_PATHS = ("/healthz", "/readyz")
 QUERY_TOKEN_PATHS = ("/ui",)  # a browser cannot set a header to load the page itself
 
 
-def engine_summary(st: EngineState) -> dict[str, Any]:
-    """What the sidecar knows about one engine, as plain JSON."""
+def engine_summary(st: EngineState, hub: Hub) -> dict[str, Any]:
+    """What the sidecar knows about one engine, as plain JSON (call with the hub lock)."""
     h, c, ex, led = st.hello, st.counters, st.extremes, st.ledger
     last = st.last_step
     out: dict[str, Any] = {
+        "key": st.key,
+        "server": st.server,
         "engine": h.engine,
+        "dp_rank": h.dp_rank,
+        **hub.presence[h.session].as_json(hub.health_timeout_s),
         "model": h.model,
         "vllm_version": h.vllm_version,
         "pid": h.pid,
@@ -69,18 +82,34 @@ def engine_summary(st: EngineState) -> dict[str, Any]:
     return out
 
 
+def readiness(hub: Hub) -> tuple[bool, list[dict[str, Any]]]:
+    """Whether the sidecar is ready, and each engine's state (call with the hub lock)."""
+    t = hub.health_timeout_s
+    out = [{"key": s.key, "server": s.server, "engine": s.engine, "model": s.hello.model,
+            "pid": s.hello.pid, "session": s.hello.session,
+            **hub.presence[s.hello.session].as_json(t)} for s in hub.engines.values()]
+    # Heard only through heartbeats since this sidecar started: its hello comes with the
+    # engine's next step.
+    out += [{"key": None, "server": None, "engine": p.engine, "model": None, "pid": None,
+             "session": p.session, **p.as_json(t)} for p in hub.pending.values()]
+    states = [e["state"] for e in out]
+    return any(s in CONNECTED for s in states) and "silent" not in states, out
+
+
 def create_app(
     hub: Hub,
     registry: CollectorRegistry,
     *,
-    health_timeout_s: float,
+    health_timeout_s: float | None = None,
     token: str | None = None,
-    receiver_error: Any = None,
+    receiver_alive: Callable[[], bool] | None = None,
     policy: PressurePolicy | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
 ) -> FastAPI:
     app = FastAPI(title="kvscope sidecar", version=__version__)
     policy = policy or PressurePolicy()
+    if health_timeout_s is not None:
+        hub.health_timeout_s = health_timeout_s  # one timeout: the hub's
 
     if token:
         expected = f"Bearer {token}".encode()
@@ -100,24 +129,30 @@ def create_app(
     def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/healthz", summary="200 while probe records keep arriving")
+    def receiver_ok() -> bool:
+        return receiver_alive() if receiver_alive is not None else True
+
+    @app.get("/healthz", summary="Liveness: 200 while the sidecar itself works")
     def healthz() -> JSONResponse:
-        err = receiver_error() if callable(receiver_error) else None
-        age = hub.seconds_since_record()
-        body: dict[str, Any] = {
-            "engines": sorted(hub.engines),
-            "seconds_since_record": age,
-            "health_timeout_s": health_timeout_s,
-        }
-        if err is not None:
-            body["status"], code = f"receiver stopped: {type(err).__name__}", 503
-        elif age is None:
-            body["status"], code = "no probe record yet", 503
-        elif age > health_timeout_s:
-            body["status"], code = "probe silent", 503
+        ok = receiver_ok()
+        body = {"status": "ok" if ok else "receiver stopped",
+                "uptime_s": round(time.monotonic() - hub.started_monotonic, 3)}
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.get("/readyz", summary="Readiness: 200 while a probe is connected and none is silent")
+    def readyz() -> JSONResponse:
+        with hub.lock:
+            ready, engines = readiness(hub)
+        if not receiver_ok():
+            status, ready = "receiver stopped", False
+        elif ready:
+            status = "ok"
+        elif any(e["state"] == "silent" for e in engines):
+            status = "probe silent"
         else:
-            body["status"], code = "ok", 200
-        return JSONResponse(body, status_code=code)
+            status = "no probe connected"
+        return JSONResponse({"status": status, "health_timeout_s": hub.health_timeout_s,
+                             "engines": engines}, status_code=200 if ready else 503)
 
     @app.get("/health/preempt-rate", summary="Preemption pressure for autoscalers and clients")
     def pressure(window: float = Query(60.0, ge=5.0, le=3600.0)) -> dict[str, Any]:
@@ -128,8 +163,10 @@ def create_app(
     def engines() -> dict[str, Any]:
         with hub.lock:
             return {
-                "engines": [engine_summary(s) for s in hub.engines.values()],
+                "engines": [engine_summary(s, hub) for s in hub.engines.values()],
                 "frames_rejected": dict(hub.rejected),
+                "identity_collisions": [{"server": srv, "engine": eng, "count": n}
+                                        for (srv, eng), n in hub.collisions.items()],
             }
 
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)  # outermost: before the token

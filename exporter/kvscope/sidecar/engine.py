@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from kvscope.sidecar.ledger import Ledger
 from kvscope_probe import wire
+from kvscope_probe.identity import engine_key
 
 MAXRUN_SAMPLE_S = 0.1  # how often max-contiguous is sampled between scrapes
 
@@ -83,6 +84,10 @@ class EngineState:
 
     def __init__(self, hello: wire.Hello, listeners: list[Listener] | None = None) -> None:
         self.hello = hello
+        self.server = hello.server
+        """Server label; the hub adds ``#<pid>`` when another live probe holds the identity."""
+        self.key = engine_key(hello.server, hello.engine)
+        """Unique name of this engine in the sidecar (set by kvscope.sidecar.hub)."""
         self.ledger = Ledger(hello.num_blocks, [g.block_size for g in hello.kv_groups])
         self.counters = Counters()
         self.extremes = Extremes()

@@ -1,8 +1,18 @@
 """All engines the sidecar hears from, and the counts of what it refused.
 
 ``Hub.accept(parts)`` is the single entry for probe data: it validates the frame,
-routes it to the engine's state (a new probe session replaces the old state) and never
-raises. One lock serialises ingestion against readers (metrics, API).
+routes it to its probe session's engine state and never raises. One lock serialises
+ingestion against readers (metrics, API).
+
+Identity. An engine is (server, engine label) from its hello (``kvscope_probe.identity``);
+``EngineState.key`` names it uniquely in this sidecar (``server/engine``, or the engine
+label alone for an engine outside an API server). A new session under a key whose holder
+is no longer connected is that engine restarted: it replaces the old state. A new session
+under a key whose holder is still connected is a collision (two processes claim one
+identity): both are kept, the newcomer's server label gets ``#<pid>``, and the collision is
+counted and logged. Heartbeats keep a session connected; a heartbeat from a session the
+sidecar has not met yet (the sidecar restarted while the engine idles) is kept as a
+pending presence until the engine's next step brings its hello.
 """
 
 from __future__ import annotations
@@ -10,13 +20,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 
 from kvscope.sidecar.engine import EngineState, Listener
+from kvscope.sidecar.presence import CONNECTED, Presence
 from kvscope_probe import wire
+from kvscope_probe.identity import engine_key
 
 log = logging.getLogger("kvscope.sidecar")
+
+MAX_PENDING = 256
+"""Sessions heard only through heartbeats that the hub remembers."""
+FORGET_GONE_S = 3600.0
+"""A gone (or silent) engine whose identity nobody reclaimed is dropped after this."""
 
 
 class _Unknown(Exception):
@@ -24,16 +41,25 @@ class _Unknown(Exception):
 
 
 class Hub:
-    def __init__(self) -> None:
+    def __init__(self, *, health_timeout_s: float = 30.0) -> None:
         self.lock = threading.RLock()
+        self.health_timeout_s = health_timeout_s
         self.engines: dict[str, EngineState] = {}
+        """Engine key -> state."""
+        self.sessions: dict[str, EngineState] = {}
+        self.presence: dict[str, Presence] = {}
+        """Session -> presence, for every known state."""
+        self.pending: OrderedDict[str, Presence] = OrderedDict()
         self.listeners: list[Listener] = []
         self.client_listeners: list[Callable[[wire.Record], None]] = []
         self.tick_listeners: list[Callable[[], None]] = []
         self.client_records = 0
         self.frames = 0
         self.records = 0
+        self.heartbeats = 0
         self.rejected: Counter[str] = Counter()
+        self.collisions: Counter[tuple[str, str]] = Counter()
+        """(server, engine) claimed by a second live probe -> times."""
         self.started_monotonic = time.monotonic()
         self.last_record_monotonic: float | None = None
 
@@ -42,7 +68,7 @@ class Hub:
         try:
             frame = wire.decode(parts)
         except wire.WireError as exc:
-            self._reject(exc.reason, str(exc))
+            self.refuse(exc.reason, str(exc))
             return False
         with self.lock:
             try:
@@ -51,15 +77,16 @@ class Hub:
                 self.rejected["unknown_session"] += 1
                 return False
             except Exception as exc:  # noqa: BLE001 - a bad frame must never stop the receiver
-                state = self.engines.get(frame.engine)
+                state = self.sessions.get(frame.session)
                 if state is not None:
                     state.ledger.synced = False
-                self._reject("invalid", f"engine {frame.engine!r}: {exc}")
+                self.refuse("invalid", f"engine {frame.engine!r}: {exc}")
                 return False
             self.frames += 1  # accepted: a refused frame is counted once, as rejected
         return True
 
-    def _reject(self, reason: str, detail: str) -> None:
+    def refuse(self, reason: str, detail: str) -> None:
+        """Count a refused frame (log the 1st, 10th, 100th, ... of each reason)."""
         self.rejected[reason] += 1
         if self.rejected[reason] in (1, 10, 100, 1000) or self.rejected[reason] % 10000 == 0:
             log.warning("rejected probe frame (%s, %d so far): %s",
@@ -74,8 +101,14 @@ class Hub:
                     fn(rec)
             self.client_records += len(frame.records)
             return
-        state = self.engines.get(frame.engine)
-        if state is None or state.hello.session != frame.session:
+        beats = sum(isinstance(r, wire.Heartbeat) for r in frame.records)
+        if beats and beats == len(frame.records):
+            self._heartbeat(frame)
+            return
+        if beats:
+            raise ValueError("heartbeats among records (they travel alone)")
+        state = self.sessions.get(frame.session)
+        if state is None:
             hello = next(
                 (r if isinstance(r, wire.Hello) else r.hello
                  for r in frame.records if isinstance(r, (wire.Hello, wire.Keyframe))),
@@ -85,28 +118,96 @@ class Hub:
                 raise _Unknown()
             if hello.session != frame.session or hello.engine != frame.engine:
                 raise ValueError("hello does not match the frame's engine and session")
-            if state is not None:
-                log.info("engine %s: new probe session %s (engine restarted)",
-                         frame.engine, frame.session)
-            state = EngineState(hello, self.listeners)
-            state.next_seq = frame.first_seq
-            self.engines[frame.engine] = state
-            for fn in self.listeners:
-                fn("hello", state, hello)
+            state = self._admit(hello, frame.first_seq)
+        elif state.hello.engine != frame.engine:
+            raise ValueError("frame's engine differs from its session's hello")
         state.note_frame(frame)
         for rec in frame.records:
             state.ingest(rec)
         self.records += len(frame.records)
+        self.presence[frame.session].heard(step=True)
         self.last_record_monotonic = time.monotonic()
 
+    def _heartbeat(self, frame: wire.Frame) -> None:
+        p = self.presence.get(frame.session) or self.pending.get(frame.session)
+        if p is None:
+            p = self.pending[frame.session] = Presence.of(frame.session, frame.engine)
+            while len(self.pending) > MAX_PENDING:
+                self.pending.popitem(last=False)
+        elif p.engine != frame.engine:
+            raise ValueError("heartbeat's engine differs from its session's")
+        hb = frame.records[-1]
+        assert isinstance(hb, wire.Heartbeat)
+        p.heard(step=False)
+        p.heartbeats += len(frame.records)
+        p.since_step_s = hb.since_step_s
+        self.heartbeats += len(frame.records)
+        state = self.sessions.get(frame.session)
+        if state is not None:
+            state.probe_dropped = frame.dropped
+            state.probe_faults = frame.faults
+
+    def _admit(self, hello: wire.Hello, first_seq: int) -> EngineState:
+        """A state for a new probe session: a restart, a new engine or a collision."""
+        server = hello.server
+        key = engine_key(server, hello.engine)
+        holder = self.engines.get(key)
+        if holder is not None and self.state_of(holder) in CONNECTED:
+            self.collisions[(hello.server, hello.engine)] += 1
+            server = f"{hello.server}#{hello.pid}"
+            if engine_key(server, hello.engine) in self.engines:
+                server = f"{server}-{hello.session[:6]}"
+            key = engine_key(server, hello.engine)
+            log.warning("two live probes claim server %r engine %r (pids %d and %d): kept "
+                        "apart, the newer as server %r; give each vLLM server its own "
+                        "KVSCOPE_SERVER (or KVSCOPE_ENGINE)", hello.server, hello.engine,
+                        holder.hello.pid, hello.pid, server)
+        elif holder is not None:
+            log.info("engine %s: new probe session %s (engine restarted)", key, hello.session)
+            self._forget(holder)
+        state = EngineState(hello, self.listeners)
+        state.key, state.server = key, server
+        state.next_seq = first_seq
+        self.engines[key] = state
+        self.sessions[hello.session] = state
+        p = self.pending.pop(hello.session, None)
+        fresh = Presence.of(hello.session, hello.engine, hello.pid, hello.started)
+        if p is not None:
+            fresh.heartbeats, fresh.since_step_s = p.heartbeats, p.since_step_s
+        self.presence[hello.session] = fresh
+        for fn in self.listeners:
+            fn("hello", state, hello)
+        return state
+
+    def _forget(self, state: EngineState) -> None:
+        self.engines.pop(state.key, None)
+        self.sessions.pop(state.hello.session, None)
+        self.presence.pop(state.hello.session, None)
+
+    def state_of(self, state: EngineState) -> str:
+        """active, idle, silent or gone (kvscope.sidecar.presence)."""
+        return self.presence[state.hello.session].state(self.health_timeout_s)
+
     def tick(self) -> None:
-        """Periodic work (about every 100 ms, from the receiver thread)."""
+        """Periodic work (about every 100 ms, from the ingest thread)."""
         with self.lock:
+            self._expire()
             for fn in self.tick_listeners:
                 try:
                     fn()
                 except Exception:  # noqa: BLE001 - never stop the receiver
                     log.exception("periodic task failed")
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for session, p in list(self.pending.items()):
+            if now - p.last_heard > self.health_timeout_s:
+                del self.pending[session]
+        for state in list(self.engines.values()):
+            if now - self.presence[state.hello.session].last_heard > FORGET_GONE_S:
+                log.info("engine %s: forgotten after %.0f s without a word", state.key,
+                         FORGET_GONE_S)
+                self._forget(state)
 
     def seconds_since_record(self) -> float | None:
         if self.last_record_monotonic is None:

@@ -96,7 +96,7 @@ class LayoutSampler:
         new = [build_snapshot(c, now) for _, c in copies]
         with self.lock:
             for (key, _), snap in zip(copies, new, strict=True):
-                self._keys[snap.engine] = key
+                self._keys[snap.key] = key
             for name in unchanged:  # an idle engine: same pool, new time, no new bytes
                 ring = self._snaps.get(name)
                 if ring:
@@ -119,7 +119,7 @@ class LayoutSampler:
         return self._points.setdefault(name, deque(maxlen=self.history))
 
     def _keep(self, snap: Snapshot) -> None:
-        name = snap.engine
+        name = snap.key
         self._stale[name] = False
         ring = self._snaps.setdefault(name, deque())
         ring.append(snap)

@@ -82,17 +82,19 @@ def engine_layout(st: EngineState, sampler: LayoutSampler, max_runs: int,
                   history_points: int, now: float) -> dict[str, Any]:
     """One engine's entry of /api/layout; call with the hub lock held."""
     h = st.hello
-    snap = sampler.latest(h.engine)
+    snap = sampler.latest(st.key)
     if snap is not None and snap.session != h.session:
         snap = None  # the engine restarted; its first sample is on its way
     if not st.ledger.synced:
         status = "stale"
-    elif snap is None or sampler.is_stale(h.engine):
+    elif snap is None or sampler.is_stale(st.key):
         status = "waiting"
     else:
         status = "ok"
     fit = head_fit(h, st.last_step)
     out: dict[str, Any] = {
+        "key": st.key,
+        "server": st.server,
         "engine": h.engine,
         "model": h.model,
         "pid": h.pid,
@@ -107,7 +109,7 @@ def engine_layout(st: EngineState, sampler: LayoutSampler, max_runs: int,
         "age_s": None if snap is None else max(0.0, now - snap.ts),
         "layout": snapshot_json(snap, max_runs) if status == "ok" and snap else None,
         "last_synced_ts": None if snap is None else snap.ts,
-        "history": history_json(sampler.points(h.engine), history_points),
+        "history": history_json(sampler.points(st.key), history_points),
         "preemptions_total": dict(st.counters.preemptions),
         "preemptions": preemptions_json(st),
         "waiting_head": None if fit is None else fit.as_json(),
@@ -146,13 +148,15 @@ def layout_router(hub: Hub, sampler: LayoutSampler,
 
     @router.get("/api/layout", summary="Each engine's KV block pool, run-length encoded")
     def layout(
-        engine: str | None = Query(None, description="only this engine"),
+        engine: str | None = Query(None, description="only this engine (its key, or its "
+                                   "engine label: every server's)"),
         max_runs: int = Query(20_000, ge=1, le=MAX_RUNS, description="runs per engine"),
         history_points: int = Query(600, ge=0, le=3600, description="sparkline points"),
     ) -> dict[str, Any]:
         now = time.time()
         with hub.lock:
-            states = [s for s in hub.engines.values() if engine is None or s.engine == engine]
+            states = [s for s in hub.engines.values()
+                      if engine is None or engine in (s.key, s.engine)]
             body = [engine_layout(s, sampler, max_runs, history_points, now) for s in states]
         if engine is not None and not body:
             raise HTTPException(404, f"no engine {engine!r}")
@@ -160,7 +164,8 @@ def layout_router(hub: Hub, sampler: LayoutSampler,
 
     @router.get("/api/layout/history", summary="One engine's layout snapshots over time")
     def history(
-        engine: str | None = Query(None, description="engine label; optional with one engine"),
+        engine: str | None = Query(None, description="engine key (or a label only one "
+                                   "engine has); optional with one engine"),
         since: str | None = Query(None, description="epoch seconds or ISO 8601; default -10 min"),
         until: str | None = Query(None, description="epoch seconds or ISO 8601; default now"),
         limit: int = Query(600, ge=1, le=3600, description="most snapshots returned"),
@@ -171,6 +176,9 @@ def layout_router(hub: Hub, sampler: LayoutSampler,
         t0 = parse_time(since, t1 - 600, "since")
         with hub.lock:
             names = sorted(hub.engines)
+            labels = [s.key for s in hub.engines.values() if s.engine == engine]
+        if engine is not None and engine not in names and len(labels) == 1:
+            engine = labels[0]
         if engine is None:
             if len(names) != 1:
                 raise HTTPException(422, f"engine is required; engines: {', '.join(names)}")

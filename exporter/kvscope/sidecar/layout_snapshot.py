@@ -23,6 +23,7 @@ import numpy as np
 
 from kvscope.sidecar.engine import EngineState
 from kvscope_probe import wire
+from kvscope_probe.identity import engine_key
 
 STATE_NAMES = ("free", "cached", "allocated", "null")
 """Index = ``wire.STATE_*``."""
@@ -112,6 +113,13 @@ class Snapshot:
     waiting: int
     cost: int = 0
     """Bytes this snapshot adds to the history (0 when it shares its runs)."""
+    server: str = ""
+    """The engine's server label (EngineState.server)."""
+
+    @property
+    def key(self) -> str:
+        """The engine's name in the sidecar (EngineState.key)."""
+        return engine_key(self.server, self.engine)
 
 
 def fragments(ids: list[int]) -> int:
@@ -160,13 +168,14 @@ class EngineCopy:
     tables: dict[str, list[list[int]]]
     tokens: dict[str, int]
     budget_utilization: float | None
+    server: str = ""
 
     @classmethod
     def of(cls, st: EngineState) -> EngineCopy:
         led = st.ledger
         return cls(st.hello, st.counters.steps, st.last_step, bytes(led.states),
                    {r: [list(g) for g in t] for r, t in led.tables.items()},
-                   dict(led.tokens), st.budget_utilization())
+                   dict(led.tokens), st.budget_utilization(), st.server)
 
 
 def build_snapshot(c: EngineCopy, ts: float) -> Snapshot:
@@ -211,7 +220,7 @@ def build_snapshot(c: EngineCopy, ts: float) -> Snapshot:
         budget_utilization=c.budget_utilization,
         running=last.running if last else 0, waiting=last.waiting if last else 0,
         cost=runs.nbytes + sum(96 + 16 * sum(len(t.runs) for t in o.groups) for o in owners)
-        + 256,
+        + 256, server=c.server,
     )
 
 
@@ -248,4 +257,5 @@ def layout_rows(snap: Snapshot) -> list[dict[str, Any]]:
         "owner_fragments": [o.fragments for o in snap.owners],
         "owner_group_runs": [[[x for r in t.runs for x in r] for t in o.groups]
                              for o in snap.owners],
+        "server": snap.server,
     }]

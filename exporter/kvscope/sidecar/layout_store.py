@@ -14,7 +14,7 @@ from kvscope_probe import wire
 COLUMNS = ("ts, model, engine, session, step, num_blocks, free_blocks, cached_blocks, "
            "used_blocks, max_contiguous_free, budget_utilization, running, waiting, "
            "kv_group_kinds, states, block_group, owner, owner_req_ids, owner_blocks, "
-           "owner_fragments, owner_group_runs")
+           "owner_fragments, owner_group_runs, server")
 
 StoreHistory = Callable[[str, float, float, int], list[Snapshot]]
 
@@ -26,7 +26,8 @@ def to_row(d: dict[str, Any]) -> LayoutSnapshotRow:
 
 def snapshot_from_row(r: tuple[Any, ...]) -> Snapshot:
     (ts, model, engine, session, step, num_blocks, free, cached, used, maxrun, util,
-     running, waiting, kinds, states, group, owner, req_ids, blocks, frags, group_runs) = r
+     running, waiting, kinds, states, group, owner, req_ids, blocks, frags, group_runs,
+     server) = r
     runs = encode_runs(np.asarray(states, np.uint8), np.asarray(owner, np.int64) - 1,
                        np.asarray(group, np.int16))
     owners = tuple(Owner(q, int(b), int(f), -1, 0, _group_tables(t))
@@ -37,7 +38,7 @@ def snapshot_from_row(r: tuple[Any, ...]) -> Snapshot:
                     owners=owners, free_blocks=int(free), cached_blocks=int(cached),
                     used_blocks=int(used), max_contiguous_free=int(maxrun),
                     budget_utilization=None if util < 0 else float(util),
-                    running=int(running), waiting=int(waiting))
+                    running=int(running), waiting=int(waiting), server=server)
 
 
 def _group_tables(flat: list[list[int]]) -> tuple[GroupTable, ...]:
@@ -46,12 +47,13 @@ def _group_tables(flat: list[list[int]]) -> tuple[GroupTable, ...]:
 
 
 def clickhouse_history(client: Callable[[], Any], database: str) -> StoreHistory:
-    """A reader for layout_router: snapshots of one engine in [t0, t1], oldest first."""
+    """A reader for layout_router: snapshots of one engine (its EngineState.key) in
+    [t0, t1], oldest first."""
 
     def read(engine: str, t0: float, t1: float, limit: int) -> list[Snapshot]:
         result = client().query(
             f"SELECT {COLUMNS} FROM {database}.layout_snapshots "
-            "WHERE engine = {engine:String} "
+            "WHERE if(server = '', engine, concat(server, '/', engine)) = {engine:String} "
             "AND ts BETWEEN fromUnixTimestamp64Milli({t0:Int64}, 'UTC') "
             "AND fromUnixTimestamp64Milli({t1:Int64}, 'UTC') "
             "ORDER BY ts DESC LIMIT {limit:UInt32}",

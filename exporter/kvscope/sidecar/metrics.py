@@ -2,26 +2,33 @@
 
 Block-state gauges are exported only while an engine's ledger is in sync: an absent
 series is honest, a stale one is not. Counters come from the probe's records and are
-exported whenever the engine is known. Labels stay bounded: engine and model.
+exported whenever the engine is known. Labels stay bounded: server, engine and model
+(an engine's identity: its vLLM server and vLLM's own ``engine`` label, the DP index).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from kvscope.sidecar.auth import REASONS as REFUSALS
 from kvscope.sidecar.capacity import head_fit
 from kvscope.sidecar.client_stats import ClientStats
 from kvscope.sidecar.engine import EngineState
 from kvscope.sidecar.gpu import GpuReader
 from kvscope.sidecar.hub import Hub
+from kvscope.sidecar.presence import CONNECTED, STATES
 from kvscope.sidecar.process import ProcessReader
 from kvscope.sidecar.vllm_metrics import VllmScraper
 
-EL = ["engine", "model"]
+if TYPE_CHECKING:
+    from kvscope.sidecar.receiver import Receiver
+
+EL = ["server", "engine", "model"]
 DOCS = {
     "kvscope_client_requests": "API requests answered, by client (bounded labels).",
     "kvscope_client_duplicate_requests": (
@@ -109,7 +116,27 @@ DOCS = {
     "kvscope_probe_last_record_age_seconds": (
         "Seconds since the last record from this engine's probe."
     ),
-    "kvscope_probe_connected": ("1 when the probe sent a record within the health timeout."),
+    "kvscope_probe_connected": (
+        "1 when the probe sent a record or a heartbeat within the health timeout (an idle "
+        "engine stays connected)."
+    ),
+    "kvscope_probe_state": (
+        "1 for the probe's current state: active (steps), idle (heartbeats only), silent "
+        "(nothing within the health timeout), gone (the engine process exited)."
+    ),
+    "kvscope_probe_heartbeats_received": ("Heartbeats received from probes."),
+    "kvscope_engine_identity_collisions": (
+        "Probe sessions that claimed the identity of another live engine; kept apart, the "
+        "newer with server label <server>#<pid>."
+    ),
+    "kvscope_probe_connections_refused": (
+        "tcp connection attempts refused by CURVE authentication, by reason (auth, crypto, "
+        "mechanism, protocol)."
+    ),
+    "kvscope_receiver_queued_bytes": ("Bytes of frames received but not yet ingested."),
+    "kvscope_receiver_queue_limit_bytes": (
+        "Bound of that queue; frames arriving while it is full are refused (buffer_full)."
+    ),
     "kvscope_probe_records_dropped": (
         "Records the probe dropped instead of blocking vLLM (as it reports them)."
     ),
@@ -168,15 +195,15 @@ class KVScopeCollector:
         self,
         hub: Hub,
         *,
-        health_timeout_s: float = 30.0,
         gpu: GpuReader | None = None,
         processes: ProcessReader | None = None,
         vllm: VllmScraper | None = None,
         clients: ClientStats | None = None,
+        receiver: Receiver | None = None,
     ) -> None:
         self.clients = clients
+        self.receiver = receiver
         self.hub = hub
-        self.health_timeout_s = health_timeout_s
         self.gpu = gpu
         self.processes = processes
         self.vllm = vllm
@@ -195,11 +222,12 @@ class KVScopeCollector:
     # -- per engine -----------------------------------------------------------------
     def _engine(self, f: _Families, st: EngineState) -> None:
         h = st.hello
-        lv = [h.engine, h.model]
+        lv = [st.server, h.engine, h.model]
         c = st.counters
         f.g(
             "kvscope_engine_info",
             [
+                "server",
                 "engine",
                 "model",
                 "vllm_version",
@@ -208,9 +236,11 @@ class KVScopeCollector:
                 "num_blocks",
                 "token_budget",
                 "max_num_seqs",
+                "dp_rank",
             ],
         ).add_metric(
             [
+                st.server,
                 h.engine,
                 h.model,
                 h.vllm_version,
@@ -219,6 +249,7 @@ class KVScopeCollector:
                 str(h.num_blocks),
                 str(h.token_budget),
                 str(h.max_num_seqs),
+                str(h.dp_rank),
             ],
             1,
         )
@@ -290,7 +321,11 @@ class KVScopeCollector:
     def _health(self, f: _Families, st: EngineState, lv: list[str]) -> None:
         age = time.monotonic() - st.last_record_monotonic
         f.g("kvscope_probe_last_record_age_seconds").add_metric(lv, age)
-        f.g("kvscope_probe_connected").add_metric(lv, int(age <= self.health_timeout_s))
+        state = self.hub.state_of(st)
+        f.g("kvscope_probe_connected").add_metric(lv, int(state in CONNECTED))
+        states = f.g("kvscope_probe_state", EL + ["state"])
+        for name in STATES:
+            states.add_metric(lv + [name], int(state == name))
         c = st.counters
         f.c("kvscope_probe_records_dropped").add_metric(lv, st.probe_dropped)
         f.c("kvscope_probe_faults").add_metric(lv, st.probe_faults)
@@ -306,8 +341,21 @@ class KVScopeCollector:
         f.c("kvscope_probe_frames_received", []).add_metric([], hub.frames)
         f.c("kvscope_probe_records_received", []).add_metric([], hub.records)
         rej = f.c("kvscope_probe_frames_rejected", ["reason"])
-        for reason in ("parts", "tag", "version", "malformed", "invalid", "unknown_session"):
+        for reason in ("parts", "tag", "version", "malformed", "invalid", "unknown_session",
+                       "buffer_full"):
             rej.add_metric([reason], hub.rejected.get(reason, 0))
+        f.c("kvscope_probe_heartbeats_received", []).add_metric([], hub.heartbeats)
+        coll = f.c("kvscope_engine_identity_collisions", ["server", "engine"])
+        for (server, engine), n in sorted(hub.collisions.items()):
+            coll.add_metric([server, engine], n)
+        rx = self.receiver
+        if rx is not None:
+            refused = rx.refused()
+            fam = f.c("kvscope_probe_connections_refused", ["reason"])
+            for reason in REFUSALS:
+                fam.add_metric([reason], refused.get(reason, 0))
+            f.g("kvscope_receiver_queued_bytes", []).add_metric([], rx.queue.bytes)
+            f.g("kvscope_receiver_queue_limit_bytes", []).add_metric([], rx.queue.max_bytes)
 
     def _clients(self, f: _Families) -> None:
         cs = self.clients
@@ -337,16 +385,26 @@ class KVScopeCollector:
         sc = self.vllm
         f.c("kvscope_vllm_scrapes", []).add_metric([], sc.scrapes)
         f.c("kvscope_vllm_scrape_errors", []).add_metric([], sc.errors)
-        for engine, vm in sc.latest.items():
+        for vm in sc.latest.values():
             with self.hub.lock:
-                st = self.hub.engines.get(engine)
+                st = self._probed(vm.engine)
                 if st is not None:
                     self._reconcile(f, st, vm)
                     continue
             self._coarse(f, vm)
 
+    def _probed(self, engine: str) -> EngineState | None:
+        """The probed engine that vLLM's ``engine`` label at --vllm-url means: the only one
+        with that label, or the only one whose server has the URL's port."""
+        assert self.vllm is not None
+        same = [s for s in self.hub.engines.values() if s.engine == engine]
+        if len(same) > 1:
+            port = f":{urlsplit(self.vllm.url).port or 80}"
+            same = [s for s in same if s.hello.server.endswith(port)]
+        return same[0] if len(same) == 1 else None
+
     def _reconcile(self, f: _Families, st: EngineState, vm: Any) -> None:
-        lv = [st.engine, st.hello.model]
+        lv = [st.server, st.engine, st.hello.model]
         if vm.preemptions is not None:
             f.g("kvscope_reconciliation_preemptions_diff").add_metric(
                 lv, sum(st.counters.preemptions.values()) - vm.preemptions
@@ -357,7 +415,8 @@ class KVScopeCollector:
             )
 
     def _coarse(self, f: _Families, vm: Any) -> None:
-        lv = [vm.engine, vm.model]
+        assert self.vllm is not None
+        lv = [urlsplit(self.vllm.url).netloc.rpartition("@")[2], vm.engine, vm.model]
         f.g("kvscope_engine_coarse").add_metric(lv, 1)
         if vm.free_blocks is not None:
             f.g("vllm_scheduler_free_blocks").add_metric(lv, vm.free_blocks)

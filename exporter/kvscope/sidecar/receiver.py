@@ -1,4 +1,14 @@
-"""ZMQ PULL socket bound where probes connect; feeds every message to the Hub."""
+"""ZMQ PULL sockets bound where probes connect, and the thread that feeds the Hub.
+
+Two threads: the socket thread only reads messages (and answers CURVE's ZAP requests) into
+a queue bounded in bytes; the ingest thread takes them into the Hub and runs its periodic
+work. A stalled Hub (a slow scrape holding its lock) therefore never makes ZMQ buffer
+without bound: while the queue is full, arriving frames are refused and counted
+(``buffer_full``), and the engine's ledger resynchronises at its next keyframe.
+
+tcp endpoints are CURVE servers (``kvscope.sidecar.auth``); ipc endpoints rely on the
+socket file's permissions: 0600, in a directory created 0700.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +16,21 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from pathlib import Path
+from typing import Any
 
 import zmq
 
+from kvscope.sidecar.auth import CurveGate
 from kvscope.sidecar.hub import Hub
+from kvscope_probe.transport import curve_keys, requires_auth
 
 log = logging.getLogger("kvscope.sidecar")
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a keyframe of a 1M-block pool fits
+DEFAULT_BUFFER_BYTES = 256 * 1024 * 1024
+TICK_S = 0.1
 
 
 def prepare_endpoint(endpoint: str) -> None:
@@ -24,53 +40,134 @@ def prepare_endpoint(endpoint: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
 
 
+class FrameQueue:
+    """Messages read but not yet ingested; holds at most ``max_bytes`` of them."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._items: deque[tuple[list[bytes], int]] = deque()
+        self._cond = threading.Condition()
+
+    def put(self, parts: list[bytes]) -> bool:
+        size = sum(len(p) for p in parts)
+        with self._cond:
+            if self.bytes + size > self.max_bytes and self._items:
+                return False
+            self._items.append((parts, size))
+            self.bytes += size
+            self._cond.notify()
+        return True
+
+    def get(self, timeout_s: float) -> list[bytes] | None:
+        with self._cond:
+            if not self._items and not self._cond.wait(timeout_s):
+                return None
+            if not self._items:
+                return None
+            parts, size = self._items.popleft()
+            self.bytes -= size
+            return parts
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
 class Receiver(threading.Thread):
-    def __init__(self, hub: Hub, endpoints: list[str], *, rcvhwm: int = 10000) -> None:
+    def __init__(self, hub: Hub, endpoints: list[str], *, secret: bytes | None = None,
+                 buffer_bytes: int = DEFAULT_BUFFER_BYTES, rcvhwm: int = 1000) -> None:
         super().__init__(name="kvscope-receiver", daemon=True)
         self.hub = hub
         self.endpoints = endpoints
         self.stop_event = threading.Event()
         self.ready = threading.Event()
         self.error: BaseException | None = None
+        self.queue = FrameQueue(buffer_bytes)
+        self.received = 0
+        """Messages read from the sockets (queued or refused as buffer_full)."""
         self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.PULL)
-        self._sock.setsockopt(zmq.RCVHWM, rcvhwm)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
-        self._sock.setsockopt(zmq.LINGER, 0)
+        tcp = [ep for ep in endpoints if requires_auth(ep)]
+        if tcp and secret is None:
+            raise ValueError(f"tcp endpoints {', '.join(tcp)} need the probe secret")
+        self.gate = CurveGate(self._ctx, curve_keys(secret)) if tcp and secret else None
+        self._socks: dict[str, zmq.Socket[Any]] = {}
+        for kind in {"tcp" if requires_auth(ep) else "ipc" for ep in endpoints}:
+            sock = self._ctx.socket(zmq.PULL)
+            sock.setsockopt(zmq.RCVHWM, rcvhwm)
+            sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+            sock.setsockopt(zmq.LINGER, 0)
+            if kind == "tcp" and self.gate is not None:
+                self.gate.secure(sock)
+            self._socks[kind] = sock
+        self._ingest = threading.Thread(target=self._ingest_loop, name="kvscope-ingest",
+                                        daemon=True)
 
     def bind(self) -> None:
         """Bind every endpoint now, so a bad endpoint fails at start, loudly."""
         for ep in self.endpoints:
             prepare_endpoint(ep)
-            self._sock.bind(ep)
+            self._socks["tcp" if requires_auth(ep) else "ipc"].bind(ep)
             if ep.startswith("ipc://"):
                 os.chmod(ep[len("ipc://"):], 0o600)
-        log.info("receiving probe records on %s", ", ".join(self.endpoints))
+        log.info("receiving probe records on %s%s", ", ".join(self.endpoints),
+                 " (tcp: CURVE)" if self.gate else "")
+
+    def alive(self) -> bool:
+        """Both threads run and neither failed (what /healthz reports)."""
+        return self.error is None and self.is_alive() and self._ingest.is_alive()
+
+    def refused(self) -> dict[str, int]:
+        """Connection attempts refused by CURVE, by reason."""
+        return dict(self.gate.refused) if self.gate else {}
 
     def run(self) -> None:
+        self._ingest.start()
         poller = zmq.Poller()
-        poller.register(self._sock, zmq.POLLIN)
+        readers = list(self._socks.values())
+        for s in readers + (self.gate.sockets() if self.gate else []):
+            poller.register(s, zmq.POLLIN)
         self.ready.set()
         try:
-            next_tick = time.monotonic()
             while not self.stop_event.is_set():
-                if time.monotonic() >= next_tick:
-                    self.hub.tick()
-                    next_tick = time.monotonic() + 0.1
-                if not poller.poll(100):
-                    continue
-                for _ in range(1000):
-                    try:
-                        parts = self._sock.recv_multipart(flags=zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    self.hub.accept(parts)
+                for sock, _ in poller.poll(100):
+                    if sock in readers:
+                        self._read(sock)
+                    elif self.gate is not None:
+                        self.gate.handle(sock)
         except Exception as exc:  # noqa: BLE001 - surfaced through /healthz
             self.error = exc
             log.exception("receiver stopped")
         finally:
-            self._sock.close(0)
+            for s in self._socks.values():
+                s.close(0)
+            if self.gate:
+                self.gate.close()
+            self._ingest.join(5.0)
             self._ctx.term()
+
+    def _read(self, sock: zmq.Socket[Any]) -> None:
+        for _ in range(1000):
+            try:
+                parts = sock.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.received += 1
+            if not self.queue.put(parts):
+                self.hub.refuse("buffer_full", f"ingest queue holds {self.queue.bytes} bytes")
+
+    def _ingest_loop(self) -> None:
+        try:
+            next_tick = time.monotonic()
+            while not self.stop_event.is_set() or len(self.queue):
+                if time.monotonic() >= next_tick:
+                    self.hub.tick()
+                    next_tick = time.monotonic() + TICK_S
+                parts = self.queue.get(TICK_S)
+                if parts is not None:
+                    self.hub.accept(parts)
+        except Exception as exc:  # noqa: BLE001 - surfaced through /healthz
+            self.error = exc
+            log.exception("ingest stopped")
 
     def stop(self, timeout_s: float = 2.0) -> None:
         self.stop_event.set()

@@ -82,22 +82,23 @@ class RequestTracker:
     # -- dispatch -----------------------------------------------------------------
     def on_event(self, kind: str, st: EngineState, payload: object) -> None:
         if kind == "hello":
-            self.live[st.engine] = OrderedDict()
-            self.prefilling[st.engine] = set()
-            self.seconds.pop(st.engine, None)
-            self.never_fit_head.pop(st.engine, None)
+            self.live[st.key] = OrderedDict()
+            self.prefilling[st.key] = set()
+            self.seconds.pop(st.key, None)
+            self.never_fit_head.pop(st.key, None)
         elif kind == "step":
             self._step(st, payload)  # type: ignore[arg-type]
         elif kind == "preemption":
             self._preemption(st, payload)  # type: ignore[arg-type]
 
     def _reqs(self, st: EngineState) -> OrderedDict[str, _Live]:
-        return self.live.setdefault(st.engine, OrderedDict())
+        return self.live.setdefault(st.key, OrderedDict())
 
     def _event(self, st: EngineState, ts: float, rid: str, event: str, **kw: Any) -> None:
         led = st.ledger
         self.emit(RequestEvent(
-            ts=ts, model=st.hello.model, engine=st.engine, request_id=rid, event=event,
+            ts=ts, model=st.hello.model, engine=st.engine, server=st.server, request_id=rid,
+            event=event,
             step=st.counters.steps, blocks=kw.pop("blocks", -1),
             total_blocks=kw.pop("total_blocks", -1),
             free_blocks=kw.pop("free_blocks", led.free if led.synced else -1),
@@ -107,7 +108,8 @@ class RequestTracker:
     def _decision(self, st: EngineState, ts: float, decision: str, rid: str, msg: str,
                   **kw: Any) -> None:
         self.emit(SchedulerDecision(
-            ts=ts, model=st.hello.model, engine=st.engine, decision=decision, request_id=rid,
+            ts=ts, model=st.hello.model, engine=st.engine, server=st.server, decision=decision,
+            request_id=rid,
             reason=kw.get("reason", ""), blocks_needed=kw.get("blocks_needed", -1),
             free_blocks=kw.get("free_blocks", -1), max_contiguous_free=kw.get("maxrun", -1),
             tokens=kw.get("tokens", -1), policy=st.hello.policy, msg=msg))
@@ -173,7 +175,7 @@ class RequestTracker:
 
     def _pending(self, st: EngineState) -> set[str]:
         """Requests admitted whose first output token has not been seen yet."""
-        return self.prefilling.setdefault(st.engine, set())
+        return self.prefilling.setdefault(st.key, set())
 
     @staticmethod
     def _tokens(led: Any, rid: str) -> int:
@@ -267,7 +269,7 @@ class RequestTracker:
         groups = st.hello.kv_groups
         arrival = live.arrival_ts
         self.emit(RequestTrace(
-            ts=e.ts, model=st.hello.model, engine=st.engine, request_id=e.req_id,
+            ts=e.ts, model=st.hello.model, engine=st.engine, server=st.server, request_id=e.req_id,
             prompt_len=e.prompt_len, max_gen_len=live.max_tokens, output_len=e.output_len,
             required_blocks=sum(_cdiv(e.prompt_len + e.output_len, g.block_size)
                                 for g in groups),
@@ -293,12 +295,12 @@ class RequestTracker:
         blocked = (s.waiting > 0 and not s.new_reqs and led.synced
                    and s.head_blocks_needed > led.free)
         if not blocked:
-            self.blocked_since.pop(st.engine, None)
+            self.blocked_since.pop(st.key, None)
             return
-        last = self.blocked_since.get(st.engine)
+        last = self.blocked_since.get(st.key)
         if last is not None and s.ts - last < BLOCKED_REPEAT_S:
             return
-        self.blocked_since[st.engine] = s.ts
+        self.blocked_since[st.key] = s.ts
         self._decision(st, s.ts, "admission_blocked", s.head_req_id,
                        f"Admission blocked: request {s.head_req_id} at the head of the "
                        f"waiting queue needs {s.head_blocks_needed} blocks, "
@@ -311,10 +313,10 @@ class RequestTracker:
         is not reported as ``admission_blocked``: no freed block would admit it)."""
         fit = head_fit(st.hello, s)
         if fit is None or not fit.never_fits:
-            self.never_fit_head.pop(st.engine, None)
+            self.never_fit_head.pop(st.key, None)
             return False
-        if self.never_fit_head.get(st.engine) != fit.req_id:
-            self.never_fit_head[st.engine] = fit.req_id
+        if self.never_fit_head.get(st.key) != fit.req_id:
+            self.never_fit_head[st.key] = fit.req_id
             self._decision(st, s.ts, "never_fits", fit.req_id,
                            f"Never fits: request {fit.req_id} at the head of the waiting "
                            f"queue needs at least {fit.min_blocks} blocks, more than the "
@@ -326,12 +328,12 @@ class RequestTracker:
 
     def _rollup(self, st: EngineState, s: wire.Step) -> None:
         second = float(int(s.ts))
-        acc = self.seconds.get(st.engine)
+        acc = self.seconds.get(st.key)
         if acc is not None and acc.start != second:
             self._flush_second(st, acc)
             acc = None
         if acc is None:
-            acc = self.seconds[st.engine] = _Second(second)
+            acc = self.seconds[st.key] = _Second(second)
         led = st.ledger
         acc.steps += 1
         acc.scheduled += s.scheduled_tokens
@@ -350,7 +352,7 @@ class RequestTracker:
 
     def _flush_second(self, st: EngineState, acc: _Second) -> None:
         self.emit(StepStat(
-            ts=acc.start, model=st.hello.model, engine=st.engine, steps=acc.steps,
+            ts=acc.start, model=st.hello.model, engine=st.engine, server=st.server, steps=acc.steps,
             scheduled_tokens=acc.scheduled, budget_tokens=acc.budget, min_free_blocks=acc.min_free,
             avg_free_blocks=acc.sum_free / acc.free_samples if acc.free_samples else -1.0,
             min_max_contiguous_free=acc.min_maxrun, max_used_blocks=acc.max_used,

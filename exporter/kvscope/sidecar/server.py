@@ -40,7 +40,7 @@ class Sidecar:
         cfg.validate()
         self.cfg = cfg
         keyer = Keyer(load_or_create(cfg.hash_key_file, cfg.data_dir))  # never logged
-        self.hub = Hub()
+        self.hub = Hub(health_timeout_s=cfg.health_timeout_s)
         self.sinks = SinkManager()
         if cfg.decision_log != "off":
             path = None if cfg.decision_log == "-" else cfg.decision_log
@@ -70,7 +70,8 @@ class Sidecar:
         self.hub.listeners.append(self.tracker.on_event)
         self.hub.client_listeners.append(self.clients.on_client)
         self.hub.tick_listeners.append(self.clients.tick)
-        self.receiver = Receiver(self.hub, list(cfg.endpoints))
+        self.receiver = Receiver(self.hub, list(cfg.endpoints), secret=cfg.secret(),
+                                 buffer_bytes=cfg.receive_buffer_bytes)
         self.scraper = (
             VllmScraper(cfg.vllm_url, cfg.vllm_scrape_interval_s) if cfg.vllm_url else None
         )
@@ -78,20 +79,19 @@ class Sidecar:
         self.registry.register(
             KVScopeCollector(
                 self.hub,
-                health_timeout_s=cfg.health_timeout_s,
                 gpu=GpuReader(),
                 processes=ProcessReader(),
                 vllm=self.scraper,
                 clients=self.clients.stats,
+                receiver=self.receiver,
             )
         )
         self.registry.register(SinkCollector(self.sinks))
         self.app = create_app(
             self.hub,
             self.registry,
-            health_timeout_s=cfg.health_timeout_s,
             token=cfg.token,
-            receiver_error=lambda: self.receiver.error,
+            receiver_alive=lambda: self.receiver.alive(),
         )
         self.layout = LayoutSampler(self.hub, interval_s=cfg.layout_interval_s)
         self.layout.subscribe(lambda snap: [self.sinks.emit(to_row(r)) for r in layout_rows(snap)])

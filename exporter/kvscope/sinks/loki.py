@@ -2,9 +2,9 @@
 
 Batches go through ``Delivery`` (queue -> write-ahead spool -> send, retries with backoff,
 replay after an outage or a crash, every dropped row counted). Each decision becomes one
-JSON line (the decision log's own line) in a stream labelled ``job``, ``engine`` and
-``event``, like the Alloy pipeline in ``loki/config.alloy``. A replayed batch repeats the
-same stream, timestamp and line, which Loki stores once.
+JSON line (the decision log's own line) in a stream labelled ``job``, ``server``,
+``engine`` and ``event``, like the Alloy pipeline in ``loki/config.alloy``. A replayed
+batch repeats the same stream, timestamp and line, which Loki stores once.
 """
 
 from __future__ import annotations
@@ -25,13 +25,15 @@ PUSH_PATH = "/loki/api/v1/push"
 
 
 def push_payload(rows: list[Any], job: str = "kvscope") -> bytes:
-    """Loki's JSON push body for these decisions, one stream per (engine, event)."""
-    streams: dict[tuple[str, str], list[list[str]]] = defaultdict(list)
+    """Loki's JSON push body for these decisions, one stream per (server, engine, event)."""
+    streams: dict[tuple[str, str, str], list[list[str]]] = defaultdict(list)
     for d in rows:
-        streams[(d.engine, d.decision)].append([str(int(d.ts * 1e9)), decision_line(d)])
+        streams[(d.server, d.engine, d.decision)].append([str(int(d.ts * 1e9)),
+                                                           decision_line(d)])
     return json.dumps({"streams": [
-        {"stream": {"job": job, "engine": engine, "event": event}, "values": values}
-        for (engine, event), values in sorted(streams.items())
+        {"stream": {"job": job, **({"server": server} if server else {}), "engine": engine,
+                    "event": event}, "values": values}  # Loki takes no empty label value
+        for (server, engine, event), values in sorted(streams.items())
     ]}, separators=(",", ":")).encode()
 
 

@@ -57,6 +57,8 @@ class RequestTrace:
     user_agent: str = ""
     api_key_hash: str = ""
     prompt_hash: str = ""
+    server: str = ""
+    """The engine's vLLM server (kvscope_probe.identity); "" outside an API server."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +84,8 @@ class RequestEvent:
     """Computed tokens after the event (preempted: tokens discarded)."""
     reason: str = ""
     detail: str = ""
+    server: str = ""
+    """The engine's vLLM server (kvscope_probe.identity); "" outside an API server."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +108,8 @@ class SchedulerDecision:
     msg: str
     """Stable human line, e.g. 'Preempting request r1 due to kv_full free_blocks=0
     max_contiguous=0 blocks_needed=1'."""
+    server: str = ""
+    """The engine's vLLM server (kvscope_probe.identity); "" outside an API server."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +133,8 @@ class StepStat:
     preemptions: int
     tail_waste_tokens: int
     """When the second's rollup was written (-1 while the ledger is stale)."""
+    server: str = ""
+    """The engine's vLLM server (kvscope_probe.identity); "" outside an API server."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +192,8 @@ class LayoutSnapshotRow:
     owner_blocks: list[int]
     owner_fragments: list[int]
     owner_group_runs: list[list[list[int]]]
+    server: str = ""
+    """The engine's vLLM server (kvscope_probe.identity); "" outside an API server."""
 
 
 TABLES: dict[str, type] = {

@@ -8,6 +8,7 @@
 -- @param days = 7      window, in days back from now
 -- @param model = ''    one model ('' = all)
 -- @param engine = ''   one engine ('' = all)
+-- @param server = ''   one vLLM server ('' = all)
 SELECT
     reason,
     count() AS preemptions,
@@ -24,5 +25,6 @@ WHERE decision = 'preempt'
   AND ts >= now() - toIntervalDay({days:UInt32})
   AND ({model:String} = '' OR model = {model:String})
   AND ({engine:String} = '' OR engine = {engine:String})
+  AND ({server:String} = '' OR server = {server:String})
 GROUP BY reason
 ORDER BY preemptions DESC, reason

@@ -8,6 +8,7 @@
 -- @param days = 7      window, in days back from now
 -- @param model = ''    one model ('' = all)
 -- @param engine = ''   one engine ('' = all)
+-- @param server = ''   one vLLM server ('' = all)
 WITH
     traces AS
     (
@@ -21,6 +22,7 @@ WITH
         WHERE ts >= now() - toIntervalDay({days:UInt32})
           AND ({model:String} = '' OR model = {model:String})
           AND ({engine:String} = '' OR engine = {engine:String})
+          AND ({server:String} = '' OR server = {server:String})
         GROUP BY hour
     ),
     preempts AS
@@ -35,6 +37,7 @@ WITH
           AND ts >= now() - toIntervalDay({days:UInt32})
           AND ({model:String} = '' OR model = {model:String})
           AND ({engine:String} = '' OR engine = {engine:String})
+          AND ({server:String} = '' OR server = {server:String})
         GROUP BY hour
     )
 SELECT

@@ -13,6 +13,7 @@
 -- @param time_bucket_s = 1   seconds per time bucket
 -- @param block_bucket = 1    block IDs per cell
 -- @param kv_group = -1       one KV cache group (-1 = all)
+-- @param server = ''   one vLLM server ('' = any)
 SELECT
     toStartOfInterval(ts, toIntervalSecond({time_bucket_s:UInt32})) AS time,
     intDiv(pos - 1, {block_bucket:UInt32}) * {block_bucket:UInt32} AS block,
@@ -23,6 +24,7 @@ ARRAY JOIN
     block_group AS grp,
     arrayEnumerate(states) AS pos
 WHERE engine = {engine:String}
+  AND ({server:String} = '' OR server = {server:String})
   AND ({model:String} = '' OR model = {model:String})
   AND ts >= {since:DateTime64(3)}
   AND ts <= {until:DateTime64(3)}

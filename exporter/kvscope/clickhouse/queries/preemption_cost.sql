@@ -6,8 +6,10 @@
 -- @param days = 7      window, in days back from now
 -- @param model = ''    one model ('' = all)
 -- @param engine = ''   one engine ('' = all)
+-- @param server = ''   one vLLM server ('' = all)
 SELECT
     model,
+    server,
     engine,
     count() AS requests,
     countIf(preempt_count > 0) AS preempted_requests,
@@ -23,5 +25,6 @@ FROM request_traces
 WHERE ts >= now() - toIntervalDay({days:UInt32})
   AND ({model:String} = '' OR model = {model:String})
   AND ({engine:String} = '' OR engine = {engine:String})
-GROUP BY model, engine
-ORDER BY total_recomputed_tokens DESC, model, engine
+  AND ({server:String} = '' OR server = {server:String})
+GROUP BY model, server, engine
+ORDER BY total_recomputed_tokens DESC, model, server, engine

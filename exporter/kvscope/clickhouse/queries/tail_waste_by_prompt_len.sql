@@ -9,6 +9,7 @@
 -- @param block_size = 16   tokens per KV block of the engine (vLLM --block-size)
 -- @param model = ''        one model ('' = all)
 -- @param engine = ''       one engine ('' = all)
+-- @param server = ''       one vLLM server ('' = all)
 SELECT
     if(prompt_len <= 1, 1, toUInt64(exp2(ceil(log2(prompt_len))))) AS prompt_len_le,
     count() AS requests,
@@ -24,5 +25,6 @@ WHERE allocated_blocks > 0
   AND ts >= now() - toIntervalDay({days:UInt32})
   AND ({model:String} = '' OR model = {model:String})
   AND ({engine:String} = '' OR engine = {engine:String})
+  AND ({server:String} = '' OR server = {server:String})
 GROUP BY prompt_len_le
 ORDER BY prompt_len_le

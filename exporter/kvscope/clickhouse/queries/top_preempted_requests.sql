@@ -6,9 +6,11 @@
 -- @param limit = 20    rows to return
 -- @param model = ''    one model ('' = all)
 -- @param engine = ''   one engine ('' = all)
+-- @param server = ''   one vLLM server ('' = all)
 SELECT
     ts AS ended,
     model,
+    server,
     engine,
     request_id,
     preempt_count,
@@ -28,5 +30,6 @@ WHERE preempt_count > 0
   AND ts >= now() - toIntervalDay({days:UInt32})
   AND ({model:String} = '' OR model = {model:String})
   AND ({engine:String} = '' OR engine = {engine:String})
+  AND ({server:String} = '' OR server = {server:String})
 ORDER BY preempt_count DESC, recomputed_tokens DESC, ended, request_id
 LIMIT {limit:UInt32}

@@ -29,7 +29,8 @@ CREATE TABLE IF NOT EXISTS {database}.request_traces
     client_id                           LowCardinality(String),
     user_agent                          LowCardinality(String),
     api_key_hash                        LowCardinality(String),
-    prompt_hash                         String CODEC(ZSTD(1))
+    prompt_hash                         String CODEC(ZSTD(1)),
+    server LowCardinality(String) DEFAULT ''  -- vLLM server of the engine (070)
 )
 ENGINE = MergeTree
 PARTITION BY toDate(ts)

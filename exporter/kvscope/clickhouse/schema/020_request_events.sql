@@ -17,7 +17,8 @@ CREATE TABLE IF NOT EXISTS {database}.request_events
     max_contiguous_free Int32,
     tokens              Int64,
     reason              LowCardinality(String),
-    detail              String CODEC(ZSTD(1))
+    detail              String CODEC(ZSTD(1)),
+    server LowCardinality(String) DEFAULT ''  -- vLLM server of the engine (070)
 )
 ENGINE = MergeTree
 PARTITION BY toDate(ts)

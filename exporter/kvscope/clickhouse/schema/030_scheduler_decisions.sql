@@ -15,7 +15,8 @@ CREATE TABLE IF NOT EXISTS {database}.scheduler_decisions
     max_contiguous_free Int32,
     tokens              Int64,
     policy              LowCardinality(String),
-    msg                 String CODEC(ZSTD(1))
+    msg                 String CODEC(ZSTD(1)),
+    server LowCardinality(String) DEFAULT ''  -- vLLM server of the engine (070)
 )
 ENGINE = MergeTree
 PARTITION BY toDate(ts)

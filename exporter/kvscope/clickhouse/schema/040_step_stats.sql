@@ -15,7 +15,8 @@ CREATE TABLE IF NOT EXISTS {database}.step_stats
     avg_running             Float64,
     max_waiting             Int32,
     preemptions             Int32,
-    tail_waste_tokens       Int64
+    tail_waste_tokens       Int64,
+    server LowCardinality(String) DEFAULT ''  -- vLLM server of the engine (070)
 )
 ENGINE = MergeTree
 PARTITION BY toDate(ts)

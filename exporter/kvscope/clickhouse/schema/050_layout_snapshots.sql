@@ -35,7 +35,8 @@ CREATE TABLE IF NOT EXISTS {database}.layout_snapshots
     owner_req_ids Array(String) CODEC(ZSTD(3)),
     owner_blocks Array(UInt32) CODEC(ZSTD(3)),
     owner_fragments Array(UInt32) CODEC(ZSTD(3)),
-    owner_group_runs Array(Array(Array(UInt32))) CODEC(ZSTD(3))
+    owner_group_runs Array(Array(Array(UInt32))) CODEC(ZSTD(3)),
+    server LowCardinality(String) DEFAULT ''  -- vLLM server of the engine (070)
 )
 ENGINE = MergeTree
 PARTITION BY toDate(ts)

@@ -1,0 +1,215 @@
+"""The receiver, in process with real ZMQ sockets: a queue bounded in bytes while the hub is
+stalled (every frame ingested or refused and counted, none lost unseen), CURVE on tcp with
+every kind of unauthenticated peer refused by reason, and ipc sockets private to the user."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import stat
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+
+from kvscope.localvllm.server import free_port
+from kvscope.sidecar.hub import Hub
+from kvscope.sidecar.receiver import FrameQueue, Receiver
+from kvscope_probe import transport, wire
+from tests.unit.test_wire import hello, step
+
+SECRET = b"unit-test-secret-0123456789abcdef"
+
+
+def wait(what: str, check: object, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def keyframe_frame(seq: int, n_blocks: int = 4096) -> list[bytes]:
+    session = f"s{n_blocks}"  # one probe session per pool size
+    h = hello(num_blocks=n_blocks, session=session)
+    kf = wire.Keyframe(hello=h, states=bytes([3] + [0] * (n_blocks - 1)), tables={}, tokens={})
+    return wire.encode(wire.Frame(engine="0", session=session, first_seq=seq, dropped=0,
+                                  faults=0, records=[kf]))
+
+
+@pytest.fixture
+def tcp_receiver() -> Iterator[tuple[Receiver, Hub, str]]:
+    hub = Hub()
+    ep = f"tcp://127.0.0.1:{free_port()}"
+    rx = Receiver(hub, [ep], secret=SECRET)
+    rx.bind()
+    rx.start()
+    rx.ready.wait(5)
+    try:
+        yield rx, hub, ep
+    finally:
+        rx.stop()
+
+
+def test_the_queue_holds_at_most_its_bytes() -> None:
+    q = FrameQueue(max_bytes=100)
+    assert q.put([b"x" * 60]) and not q.put([b"y" * 60]) and q.put([b"z" * 40])
+    assert q.bytes == 100 and len(q) == 2
+    assert q.get(0.1) == [b"x" * 60] and q.bytes == 40
+    assert q.put([b"w" * 500]) is False
+    q.get(0.1)
+    assert q.put([b"w" * 500])  # one frame larger than the bound still passes, alone
+    assert q.get(0.01) == [b"w" * 500] and q.get(0.01) is None
+
+
+def test_a_stalled_hub_costs_bounded_memory_and_every_frame_is_counted(tmp_path: Path) -> None:
+    hub = Hub()
+    ep = f"ipc://{tmp_path}/probe.sock"
+    limit = 1 << 20
+    rx = Receiver(hub, [ep], buffer_bytes=limit)
+    rx.bind()
+    rx.start()
+    push = zmq.Context.instance().socket(zmq.PUSH)
+    push.connect(ep)
+    sent, peak = 0, 0
+    try:
+        with hub.lock:  # a scrape that holds the hub: ingestion stops, reading does not
+            for seq in range(200):  # 200 keyframes of ~4 KiB and ~100 KiB
+                push.send_multipart(keyframe_frame(seq, 4096 if seq % 2 else 100_000))
+                sent += 1
+                peak = max(peak, rx.queue.bytes)
+            wait("the receiver to read every frame", lambda: rx.received == sent)
+            peak = max(peak, rx.queue.bytes)
+        wait("the hub to ingest what was queued", lambda: not len(rx.queue))
+        wait("every frame accounted for",
+             lambda: hub.frames + hub.rejected["buffer_full"] == sent)
+    finally:
+        push.close(0)
+        rx.stop()
+    assert peak <= limit
+    assert hub.rejected["buffer_full"] > 0 and hub.frames > 0
+    print(f"stalled hub: {sent} frames sent, {hub.frames} ingested, "
+          f"{hub.rejected['buffer_full']} refused as buffer_full, peak queue {peak} bytes "
+          f"(limit {limit})")
+
+
+def test_ipc_endpoints_are_private_to_this_user(tmp_path: Path) -> None:
+    ep = f"ipc://{tmp_path}/run/kvscope/probe.sock"
+    rx = Receiver(Hub(), [ep])
+    rx.bind()
+    try:
+        path = Path(ep[len("ipc://"):])
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    finally:
+        rx.start()
+        rx.stop()
+
+
+def test_tcp_without_a_secret_is_refused_at_construction() -> None:
+    with pytest.raises(ValueError, match="need the probe secret"):
+        Receiver(Hub(), [f"tcp://127.0.0.1:{free_port()}"])
+
+
+def curve_push(ep: str, server_public: bytes, client: transport.CurveKeys | None) -> zmq.Socket:
+    s = zmq.Context.instance().socket(zmq.PUSH)
+    s.setsockopt(zmq.LINGER, 0)
+    if client is not None:
+        s.curve_serverkey = server_public
+        s.curve_publickey = client.client_public
+        s.curve_secretkey = client.client_secret
+    s.connect(ep)
+    return s
+
+
+def test_only_a_holder_of_the_secret_gets_frames_in(
+        tcp_receiver: tuple[Receiver, Hub, str]) -> None:
+    rx, hub, ep = tcp_receiver
+    right = transport.curve_keys(SECRET)
+    other = transport.curve_keys(b"another-secret-0123456789abcdef")
+    good = transport.push_socket(ep, hwm=100, secret=SECRET)
+    h = hello(server="s:1")
+    f = wire.Frame(engine="0", session="s1", first_seq=0, dropped=0, faults=0,
+                   records=[h, step(), wire.Keyframe(hello=h, states=bytes([3] + [0] * 7),
+                                                     tables={}, tokens={})])
+    assert transport.send(good, wire.encode(f), 2000)
+    wait("the good probe's engine", lambda: "s:1/0" in hub.engines)
+    before = (hub.frames, hub.records, dict(hub.rejected))
+    forged = wire.encode(wire.Frame(engine="0", session="s1", first_seq=3, dropped=0, faults=0,
+                                    records=[step(preempted=["x"], preemptions=[
+                                        wire.Preemption("x", 1, 0, 8, 0, 0, None, None, None,
+                                                        "fcfs", "unknown", 1.0)])]))
+    host, port = ep[len("tcp://"):].rsplit(":", 1)
+    # Each kind of peer alone, and which reasons its refusals count under. A peer without
+    # CURVE is refused at the greeting; whichever side notices first decides whether the
+    # sidecar sees a mechanism mismatch or a closed connection (protocol).
+    kinds = [
+        ("no CURVE", lambda: curve_push(ep, right.server_public, None), {"mechanism", "protocol"}),
+        ("another secret", lambda: curve_push(ep, other.server_public, other), {"crypto"}),
+        ("server key only", lambda: curve_push(ep, right.server_public, other), {"auth"}),
+        ("silent", lambda: socket.create_connection((host, int(port))), {"protocol"}),
+    ]
+    for name, make, reasons in kinds:
+        seen = rx.refused()
+        peer = make()
+        if not isinstance(peer, socket.socket):
+            peer.send_multipart(forged, flags=zmq.NOBLOCK)  # queued locally, never delivered
+        wait(f"a refusal of the {name} peer", lambda s=seen: rx.refused() != s, 15)
+        grew = {r for r, n in rx.refused().items() if n > seen.get(r, 0)}
+        assert grew <= reasons, (name, grew)
+        peer.close() if isinstance(peer, socket.socket) else peer.close(0)
+    # Bytes that are not ZMTP at all (HTTP) are cut off at once: no frame, and libzmq
+    # reports no handshake to count.
+    web = socket.create_connection((host, int(port)), timeout=10)
+    web.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + forged[1])
+    with contextlib.suppress(ConnectionResetError):
+        while web.recv(4096):  # the sidecar hangs up
+            pass
+    web.close()
+    time.sleep(0.3)
+    st = hub.engines["s:1/0"]
+    assert (hub.frames, hub.records, dict(hub.rejected)) == before  # nothing reached the hub
+    assert st.counters.preemptions == {"kv_full": 0, "priority": 0, "unknown": 0}
+    assert st.counters.steps == 1 and rx.gate is not None and rx.gate.accepted == 1
+    print(f"refused connection attempts: {rx.refused()}")
+    good.close(0)
+
+
+def test_the_probe_side_refuses_tcp_without_a_secret() -> None:
+    with pytest.raises(transport.TransportError, match="KVSCOPE_PROBE_SECRET"):
+        transport.push_socket("tcp://127.0.0.1:1", hwm=1, env={})
+    with pytest.raises(transport.TransportError, match="at least 24"):
+        transport.read_secret({"KVSCOPE_PROBE_SECRET": "short"})
+
+
+def test_the_secret_comes_from_a_file_and_never_shows(tmp_path: Path) -> None:
+    path = tmp_path / "secret"
+    path.write_text(SECRET.decode() + "\n")
+    os.chmod(path, 0o600)
+    assert transport.read_secret({"KVSCOPE_PROBE_SECRET_FILE": str(path)}) == SECRET
+    keys = transport.curve_keys(SECRET)
+    assert SECRET.decode() not in repr(keys) and keys.client_secret.decode() not in repr(keys)
+    with pytest.raises(transport.TransportError, match=r"cannot read .*FileNotFoundError"):
+        transport.read_secret({"KVSCOPE_PROBE_SECRET_FILE": str(tmp_path / "nope")})
+
+
+def test_the_middlewares_emitter_authenticates_through_the_same_transport(
+        tcp_receiver: tuple[Receiver, Hub, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvscope_probe.emitter import Emitter
+
+    rx, hub, ep = tcp_receiver
+    seen: list[wire.Record] = []
+    hub.client_listeners.append(seen.append)
+    monkeypatch.setenv("KVSCOPE_PROBE_SECRET", SECRET.decode())
+    em = Emitter(ep)
+    em.emit(wire.ClientStart(request_id="kvs1", ts=1.0, endpoint="completions", model="tiny",
+                             client_id="c", user_agent="ua", api_key_sha256="", prompt_sha256="h",
+                             prompt_chars=3, max_tokens=4))
+    em.emit(wire.ClientEnd(request_id="kvs1", ts=2.0, status=200, duration_s=1.0))
+    wait("the client events at the hub", lambda: len(seen) == 2)
+    assert em.dropped == 0 and hub.client_records == 2 and rx.gate is not None
+    assert rx.gate.accepted == 1 and not rx.refused()
