@@ -52,6 +52,7 @@ class Emitter:
     def _run(self) -> None:
         try:
             sock = transport.push_socket(self.endpoint, hwm=self.hwm)
+            transport.await_connection(sock)  # else a loaded sidecar lost the first events
         except Exception as exc:  # noqa: BLE001
             log.warning("kvscope middleware: cannot open %s (%r); client events off",
                         self.endpoint, exc)

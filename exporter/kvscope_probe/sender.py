@@ -26,7 +26,6 @@ marks count frames: at one frame per step (about 1 ms on a small engine) they he
 a second of records, and a sidecar descheduled for longer made the probe drop records."""
 HEARTBEAT_S = 2.0
 """A heartbeat goes out when no record was sent for this long (wire.Heartbeat)."""
-CONNECT_GRACE_MS = 1000
 """How long the sender waits, once, for its first connection before it starts sending."""
 
 
@@ -104,7 +103,6 @@ class Sender(threading.Thread):
             self.heartbeats += 1
 
     def run(self) -> None:
-        import zmq
 
         try:
             self._sock = self._socket()
@@ -112,11 +110,8 @@ class Sender(threading.Thread):
             log.warning("kvscope probe: cannot open %s (%r); recording off", self.endpoint, exc)
             self.rec.enabled = False
             return
-        # connect() completes in the background and IMMEDIATE makes a send fail until it
-        # has: without this wait the first frame (the hello) was always dropped and counted.
-        # A sidecar that is not there costs one wait on this thread, never on vLLM's.
         try:
-            self._sock.poll(CONNECT_GRACE_MS, zmq.POLLOUT)
+            transport.await_connection(self._sock)
         except Exception as exc:  # noqa: BLE001
             self.rec.fault("sender", exc, rescan=False)
         idle = 0.002

@@ -104,6 +104,19 @@ def push_socket(endpoint: str, *, hwm: int, secret: bytes | None = None,
     return sock
 
 
+CONNECT_GRACE_MS = 1000
+"""How long a sender waits, once, for its first connection before it starts sending."""
+
+
+def await_connection(sock: Any) -> bool:
+    """Wait once for ``connect()`` to complete: it happens in the background and IMMEDIATE
+    makes a send fail until it has, so the first frames were dropped without this. A
+    sidecar that is not there costs one wait on the sending thread, never the caller's."""
+    import zmq
+
+    return bool(sock.poll(CONNECT_GRACE_MS, zmq.POLLOUT))
+
+
 def send(sock: Any, parts: list[Any], wait_ms: int) -> bool:
     """Send one multipart message, waiting at most ``wait_ms`` for room; False when it
     could not go (no connected sidecar, or a full pipe): the caller drops and counts it."""
