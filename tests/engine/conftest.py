@@ -154,12 +154,21 @@ def engine_stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
     spec = ServerSpec(tiny_model_dir, vllm_port, num_gpu_blocks=NUM_BLOCKS,
                       extra_env={"KVSCOPE_PROBE_ENDPOINT": endpoint},
                       extra_args=("--middleware", "kvscope_probe.middleware.KVScopeMiddleware"))
-    server = VllmServer(spec, log_path=workdir / "vllm.log")
+    with running_stack(VllmServer(spec, log_path=workdir / "vllm.log"), sidecar) as stack:
+        yield stack
+
+
+@contextlib.contextmanager
+def running_stack(server: VllmServer, sidecar: SidecarProcess, num_blocks: int = NUM_BLOCKS,
+                  *, wait: bool = True) -> Iterator[EngineStack]:
+    """Start the sidecar, then the vLLM server (ready unless ``wait`` is False), under the
+    machine's vLLM lock; stop both, by PID, before the lock is released."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(vllm_machine_lock())  # released last, after both stopped
         stack.callback(sidecar.stop)
         sidecar.start()
         stack.callback(server.stop)
         server.start()
-        server.wait_ready()
-        yield EngineStack(server, sidecar, endpoint, NUM_BLOCKS)
+        if wait:
+            server.wait_ready()
+        yield EngineStack(server, sidecar, sidecar.endpoint, num_blocks)

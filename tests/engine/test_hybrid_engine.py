@@ -12,7 +12,6 @@ This module starts its own server (and sidecar) under the machine-wide vLLM lock
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 
 import httpx
@@ -21,7 +20,7 @@ import pytest
 from kvscope.localvllm.load import LoadSpec, run_load_sync
 from kvscope.localvllm.server import HOST, ServerSpec, VllmServer, free_port
 from kvscope.localvllm.tinymodel import default_cache_dir, make_tiny_model
-from tests.engine.conftest import EngineStack, SidecarProcess, vllm_machine_lock
+from tests.engine.conftest import EngineStack, SidecarProcess, running_stack
 from tests.engine.test_engine import (
     ENGINE,
     REASONS,
@@ -50,15 +49,9 @@ def hybrid_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineSta
                       scheduling_policy="priority",
                       extra_env={"KVSCOPE_PROBE_ENDPOINT": endpoint,
                                  "KVSCOPE_PROBE_KEYFRAME_S": KEYFRAME_S})
-    server = VllmServer(spec, log_path=workdir / "vllm.log")
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(vllm_machine_lock())  # released last, after both stopped
-        stack.callback(sidecar.stop)
-        sidecar.start()
-        stack.callback(server.stop)
-        server.start()
-        server.wait_ready()
-        yield EngineStack(server, sidecar, endpoint, NUM_BLOCKS)
+    with running_stack(VllmServer(spec, log_path=workdir / "vllm.log"), sidecar,
+                       NUM_BLOCKS) as stack:
+        yield stack
 
 
 def test_two_kv_groups_and_exact_counts_under_a_priority_load(

@@ -13,7 +13,6 @@ keyframes five times a second so that any drift of a block table shows at once.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import pytest
 
 from kvscope.localvllm.load import LoadSpec, run_load_sync
 from kvscope.localvllm.server import HOST, ServerSpec, VllmServer, free_port
-from tests.engine.conftest import EngineStack, SidecarProcess, vllm_machine_lock
+from tests.engine.conftest import EngineStack, SidecarProcess, running_stack
 from tests.engine.test_engine import ENGINE, REASONS, sample, wait_until_quiet
 
 pytestmark = pytest.mark.engine
@@ -41,15 +40,9 @@ def inproc_stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
         "KVSCOPE_PROBE_KEYFRAME_S": "0.2",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     })
-    server = VllmServer(spec, log_path=workdir / "vllm.log")
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(vllm_machine_lock())
-        stack.callback(sidecar.stop)
-        sidecar.start()
-        stack.callback(server.stop)
-        server.start()
-        server.wait_ready()
-        yield EngineStack(server, sidecar, endpoint, NUM_BLOCKS)
+    with running_stack(VllmServer(spec, log_path=workdir / "vllm.log"), sidecar,
+                       NUM_BLOCKS) as stack:
+        yield stack
 
 
 def test_ledger_stays_exact_with_the_model_runner_in_the_engine_process(

@@ -15,14 +15,13 @@ This module starts its own server (and sidecar) under the machine-wide vLLM lock
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 import httpx
 import pytest
 
 from kvscope.localvllm.server import HOST, ServerExited, ServerSpec, VllmServer, free_port
-from tests.engine.conftest import SidecarProcess, vllm_machine_lock
+from tests.engine.conftest import SidecarProcess, running_stack
 
 pytestmark = pytest.mark.engine
 
@@ -40,12 +39,7 @@ def test_vllm_refuses_to_start_with_a_pool_shorter_than_max_model_len(
                       max_model_len=MAX_MODEL_LEN,
                       extra_env={"KVSCOPE_PROBE_ENDPOINT": endpoint})
     server = VllmServer(spec, log_path=tmp_path / "vllm.log")
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(vllm_machine_lock())
-        stack.callback(sidecar.stop)
-        sidecar.start()
-        stack.callback(server.stop)
-        server.start()
+    with running_stack(server, sidecar, NUM_BLOCKS, wait=False):
         with pytest.raises(ServerExited):
             server.wait_ready(timeout_s=180.0)
         log = (tmp_path / "vllm.log").read_text(errors="replace")

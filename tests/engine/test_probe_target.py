@@ -16,7 +16,6 @@ shows what vLLM 0.32 makes of caller-chosen request IDs, and that each one joins
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -37,7 +36,7 @@ from kvscope.localvllm.load import LoadSpec, run_load_sync
 from kvscope.localvllm.server import HOST, ServerSpec, VllmServer, free_port, live_group_pids
 from kvscope.sidecar.clients import caller_id
 from kvscope_probe.middleware import request_key
-from tests.engine.conftest import EngineStack, SidecarProcess, vllm_machine_lock
+from tests.engine.conftest import EngineStack, SidecarProcess, running_stack
 from tests.engine.test_engine import (
     ENGINE,
     REASONS,
@@ -168,15 +167,9 @@ def target_stack(vllm_env: VllmEnv, tiny_model_dir: Path,
                                  "PYTHONPATH": str(vllm_env.target)},
                       extra_args=("--middleware", "kvscope_probe.middleware.KVScopeMiddleware",
                                   "--chat-template", str(template)))
-    server = VllmServer(spec, log_path=workdir / "vllm.log")
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(vllm_machine_lock())
-        stack.callback(sidecar.stop)
-        sidecar.start()
-        stack.callback(server.stop)
-        server.start()
-        server.wait_ready()
-        yield EngineStack(server, sidecar, endpoint, NUM_BLOCKS)
+    with running_stack(VllmServer(spec, log_path=workdir / "vllm.log"), sidecar,
+                       NUM_BLOCKS) as stack:
+        yield stack
 
 
 def test_vllm_records_with_the_probe_from_the_target_dir(

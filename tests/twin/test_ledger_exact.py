@@ -15,31 +15,11 @@ from kvscope.twin import TwinConfig, WorkloadSpec, generate
 from kvscope_probe import plugin, wire
 from kvscope_probe.recorder import Recorder
 from kvscope_probe.sender import take_batch
+from tests.twin.exactness import max_run, pool_truth
 
 pytestmark = pytest.mark.twin
 
 Twin = pytest.importorskip("kvscope.twin.engine").Twin
-
-
-def pool_truth(pool: object) -> tuple[set[int], set[int]]:
-    """Free and free-but-cached block IDs by a full scan of vLLM's pool."""
-    free, cached = set(), set()
-    for b in pool.blocks:  # type: ignore[attr-defined]
-        if b.ref_cnt == 0 and not b.is_null:
-            free.add(b.block_id)
-            if b.block_hash is not None:
-                cached.add(b.block_id)
-    return free, cached
-
-
-def max_run(ids: set[int]) -> int:
-    best = run = 0
-    prev = None
-    for i in sorted(ids):
-        run = run + 1 if prev is not None and i == prev + 1 else 1
-        best = max(best, run)
-        prev = i
-    return best
 
 
 def drain(rec: Recorder, hub: Hub) -> None:
