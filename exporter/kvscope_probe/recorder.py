@@ -27,7 +27,6 @@ log = logging.getLogger("kvscope_probe")
 
 _now_ns = time.perf_counter_ns
 _wall = time.time
-_mono = time.monotonic
 
 MAX_FAULTS = 1000  # contained exceptions before the probe switches itself off
 FORCED_KEYFRAME_GAP_S = 0.2
@@ -42,9 +41,6 @@ STEP_BYTES = 256
 REQ_BYTES = 96  # a scheduled request: its ID twice, a token count, a computed count
 BLOCK_BYTES = 9
 
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class Recorder(PoolMirror):
@@ -71,7 +67,6 @@ class Recorder(PoolMirror):
         self.next_keyframe_ns = 0
         self.next_forced_ns = 0
         self.wrap_ns = 0  # engine-thread time in the wrappers since the last step
-        self.last_step_mono = -1.0  # time.monotonic() of the last step, for heartbeats
         self.arrivals: list[wire.Arrival] = []
         self.ends: list[wire.End] = []
         self.preemptions: list[wire.Preemption] = []
@@ -89,7 +84,7 @@ class Recorder(PoolMirror):
         # take: each scheduled request gets at most cdiv(its new tokens, block size) + 1
         # blocks per group, and new tokens (lookahead included) are bounded by the budget.
         look = int(getattr(sched, "num_lookahead_tokens", 0) or 0)
-        per_group = (_cdiv(self.hello.token_budget + look * self.hello.max_num_seqs,
+        per_group = (wire.cdiv(self.hello.token_budget + look * self.hello.max_num_seqs,
                            min(self.group_block_sizes)) + self.hello.max_num_seqs)
         self.arm_below = per_group * len(self.group_block_sizes)
 
@@ -259,7 +254,7 @@ class Recorder(PoolMirror):
             return 0, ""
         req = waiting.peek_request()
         n = req.num_tokens
-        return sum(_cdiv(n, bs) for bs in self.group_block_sizes), req.request_id
+        return sum(wire.cdiv(n, bs) for bs in self.group_block_sizes), req.request_id
 
     def on_step(self, out: Any, schedule_ns: int, t_end: int) -> None:
         """After schedule(): one ring entry; a keyframe when due or after a gap.
@@ -297,7 +292,6 @@ class Recorder(PoolMirror):
         if due or (self.want_keyframe and t_end >= self.next_forced_ns):
             self.keyframe(t_end)
         self.watch_need(free)
-        self.last_step_mono = _mono()
         self.last_probe_ns = _now_ns() - t_end + self.wrap_ns
         self.wrap_ns = 0
 

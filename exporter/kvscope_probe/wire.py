@@ -34,6 +34,12 @@ STATE_NULL = 3  # block 0, vLLM's null block, never free
 REASONS = ("kv_full", "priority", "unknown")
 
 
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division: the blocks of size ``b`` that ``a`` tokens occupy (both sides
+    count blocks this way)."""
+    return -(-a // b)
+
+
 class KVGroup(msgspec.Struct, array_like=True, frozen=True):
     """One KV cache group of the engine (a plain model has one)."""
 

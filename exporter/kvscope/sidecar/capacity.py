@@ -29,9 +29,6 @@ FULL_ATTENTION_KINDS = frozenset({"FullAttentionSpec", "MLAAttentionSpec",
 """KV spec classes whose group holds ``cdiv(tokens, block_size)`` blocks of a request."""
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
 
 def _groups(hello: wire.Hello) -> list[wire.KVGroup]:
     return list(hello.kv_groups) or [wire.KVGroup("FullAttentionSpec", hello.block_size)]
@@ -43,7 +40,7 @@ def min_tokens(groups: list[wire.KVGroup], blocks: int) -> int:
     lo, hi = 1, blocks * min(sizes)  # cdiv(hi, min size) alone reaches blocks
     while lo < hi:
         mid = (lo + hi) // 2
-        if sum(_cdiv(mid, s) for s in sizes) >= blocks:
+        if sum(wire.cdiv(mid, s) for s in sizes) >= blocks:
             hi = mid
         else:
             lo = mid + 1
@@ -56,7 +53,7 @@ def min_blocks(hello: wire.Hello, head_blocks_needed: int) -> int:
         return 0
     groups = _groups(hello)
     n = min_tokens(groups, head_blocks_needed)
-    return sum(_cdiv(n, g.block_size) for g in groups if g.kind in FULL_ATTENTION_KINDS)
+    return sum(wire.cdiv(n, g.block_size) for g in groups if g.kind in FULL_ATTENTION_KINDS)
 
 
 @dataclass(frozen=True)

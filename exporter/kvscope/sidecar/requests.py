@@ -23,9 +23,6 @@ MAX_LIVE_REQUESTS = 100_000
 BLOCKED_REPEAT_S = 10.0
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
 
 @dataclass
 class _Live:
@@ -271,7 +268,7 @@ class RequestTracker:
         self.emit(RequestTrace(
             ts=e.ts, model=st.hello.model, engine=st.engine, server=st.server, request_id=e.req_id,
             prompt_len=e.prompt_len, max_gen_len=live.max_tokens, output_len=e.output_len,
-            required_blocks=sum(_cdiv(e.prompt_len + e.output_len, g.block_size)
+            required_blocks=sum(wire.cdiv(e.prompt_len + e.output_len, g.block_size)
                                 for g in groups),
             allocated_blocks=live.peak_blocks,
             contiguous_allocated=live.fragments == len(groups) and live.peak_blocks > 0,
