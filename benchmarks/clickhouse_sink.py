@@ -28,11 +28,10 @@ from typing import Any
 
 from _common import machine_noise
 
-from kvscope import query
-from kvscope.sinks import arrowrows
-from kvscope.sinks.clickhouse import ClickHouseSink
 from kvscope.sinks.delivery import DeliveryOptions
-from kvscope.sinks.rows import RequestTrace, columns
+from kvscope.store import arrow, query
+from kvscope.store.rows import RequestTrace, columns
+from kvscope.store.sink import ClickHouseSink
 
 
 def cpu_s() -> float:
@@ -82,26 +81,26 @@ def bench_paths(client: Any, rows: list[RequestTrace], rounds: int = 3) -> dict[
     import pyarrow as pa
 
     def raw_arrow() -> None:  # the sink's path
-        payload = arrowrows.encode("request_traces", rows)
-        client.raw_insert("bench_paths.request_traces", arrowrows.column_names(payload),
+        payload = arrow.encode("request_traces", rows)
+        client.raw_insert("bench_paths.request_traces", arrow.column_names(payload),
                           payload, fmt="Arrow", settings={"insert_deduplication_token": tok})
 
     def insert_arrow() -> None:
-        tbl = pa.Table.from_batches([arrowrows.to_record_batch("request_traces", rows)])
+        tbl = pa.Table.from_batches([arrow.to_record_batch("request_traces", rows)])
         client.insert_arrow("request_traces", tbl, database="bench_paths",
                             settings={"insert_deduplication_token": tok})
 
     def insert_native() -> None:
         from datetime import datetime, timezone
 
-        data = [[datetime.fromtimestamp(v, timezone.utc) if arrowrows.is_time(k) else v
+        data = [[datetime.fromtimestamp(v, timezone.utc) if arrow.is_time(k) else v
                  for k, v in zip(names, (getattr(r, k) for k in names), strict=True)]
                 for r in rows]
         client.insert("request_traces", data, column_names=names, database="bench_paths",
                       settings={"insert_deduplication_token": tok})
 
     def python_table() -> None:  # chDB only: the engine reads the local variable ``tbl``
-        tbl = pa.Table.from_batches([arrowrows.to_record_batch("request_traces", rows)])
+        tbl = pa.Table.from_batches([arrow.to_record_batch("request_traces", rows)])
         assert tbl.num_rows
         client.command("INSERT INTO bench_paths.request_traces SETTINGS "
                        f"insert_deduplication_token = '{tok}' SELECT * FROM Python(tbl)")
@@ -121,7 +120,7 @@ def bench_paths(client: Any, rows: list[RequestTrace], rounds: int = 3) -> dict[
             n = int(client.command("SELECT count() FROM bench_paths.request_traces"))
             assert n == len(rows), (label, n)
     t0 = time.perf_counter()
-    arrowrows.encode("request_traces", rows)
+    arrow.encode("request_traces", rows)
     out: dict[str, Any] = {"rows": len(rows),
                            "encode_only_rows_per_s": round(len(rows) / (time.perf_counter() - t0))}
     for label in paths:
@@ -180,7 +179,7 @@ def main() -> None:
     args = ap.parse_args()
     import clickhouse_connect
 
-    from kvscope import schema
+    from kvscope.store import schema
 
     tmp = tempfile.mkdtemp(prefix="kvscope-bench-ch-")
     dsn = f"chdb://{tmp}/store"

@@ -33,9 +33,10 @@ from _common import (
     wait_engine_steps,
 )
 
-from kvscope.localvllm.load import LoadSpec, run_load_sync
+from kvscope.load.mix import LoadSpec, run_load_sync
 from kvscope.localvllm.server import ServerSpec, VllmServer, free_port, live_group_pids
-from kvscope.localvllm.tinymodel import default_cache_dir, make_tiny_model
+from kvscope.models.config import default_cache_dir
+from kvscope.models.tiny import make_tiny_model
 
 TARGET_RATIO = 0.99
 WARMUP = LoadSpec(n_requests=8, concurrency=8, seed=1000)

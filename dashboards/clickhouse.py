@@ -18,8 +18,8 @@ from grafana_foundation_sdk.cog import variants as cogvariants
 from grafana_foundation_sdk.models.dashboard import DataSourceRef
 
 from dashboards.config import CLICKHOUSE_PLUGIN_VERSION, CLICKHOUSE_TYPE
-from kvscope import schema
-from kvscope.query import SavedQuery
+from kvscope.store import schema
+from kvscope.store.query import SavedQuery
 
 LOCAL_QUERIES = Path(__file__).resolve().parent / "queries"
 """Saved queries only the dashboards use so far (same format as clickhouse/queries)."""

@@ -11,7 +11,7 @@ from dashboards import panels as p
 from dashboards.blocks import engine_variables
 from dashboards.config import Config
 from dashboards.panels import ID
-from kvscope.logql import read_queries
+from kvscope.decisions.logql import read_queries
 
 LOGQL = Path(__file__).resolve().parents[1] / "loki" / "queries.logql"
 STREAM = '{job="kvscope"'

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from kvscope.localvllm.server import QUIET_ENV, ServerSpec, command
-from kvscope.localvllm.tinymodel import make_tiny_model
+from kvscope.models.tiny import make_tiny_model
 
 
 def main() -> None:

@@ -6,8 +6,12 @@ import argparse
 import logging
 import sys
 
-from kvscope import __version__, layout_dump, loadgen, query, schema, whatif
-from kvscope.config import ENV, ConfigError, from_sources
+from kvscope import __version__, whatif
+from kvscope.errors import ConfigError
+from kvscope.layout import dump as layout_dump
+from kvscope.load import cli as loadgen
+from kvscope.sidecar.config import ENV, from_sources
+from kvscope.store import query, schema
 from kvscope.twin.config import LAYOUTS, TwinConfig
 
 
@@ -146,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     if args.command == "demo":
-        from kvscope.demo import run_demo
+        from kvscope.demo.run import run_demo
 
         return run_demo(args)
     if args.command == "whatif":

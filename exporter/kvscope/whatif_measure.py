@@ -99,7 +99,7 @@ def measure(
     """
     from kvscope.sidecar.hub import Hub
     from kvscope.sidecar.requests import RequestTracker
-    from kvscope.sinks.rows import RequestTrace
+    from kvscope.store.rows import RequestTrace
     from kvscope.twin.probed import ProbedTwin
 
     started = time.perf_counter()

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kvscope.localvllm.tinymodel import llama_config
+from kvscope.models.config import llama_config
 from kvscope.twin.config import LAYOUTS, POLICIES, TwinConfig
 
 CAPACITY_KEYS = ("blocks", "kv_tokens", "kv_bytes")

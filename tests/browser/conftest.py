@@ -21,11 +21,11 @@ import uvicorn
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
+from kvscope.layout.api import layout_router
+from kvscope.layout.sampler import LayoutSampler
 from kvscope.localvllm.server import free_port
 from kvscope.sidecar.app import create_app
 from kvscope.sidecar.hub import Hub
-from kvscope.sidecar.layout import LayoutSampler
-from kvscope.sidecar.layout_api import layout_router
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",

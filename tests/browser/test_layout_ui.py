@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from kvscope.sidecar import palette
-from kvscope.sidecar.layout_snapshot import STATE_NAMES
+from kvscope.layout import palette
+from kvscope.layout.snapshot import STATE_NAMES
 from tests.browser.conftest import ARTIFACTS
 
 pytestmark = [pytest.mark.twin, pytest.mark.browser]
@@ -114,7 +114,8 @@ def test_dump_of_the_busy_twin_validates_and_draws(serve: Any) -> None:
 
     import jsonschema
 
-    from kvscope import layout_dump, layout_png
+    from kvscope.layout import dump as layout_dump
+    from kvscope.layout import png as layout_png
     from tests.unit.test_layout_api import SCHEMA
 
     srv = serve(None)

@@ -19,9 +19,9 @@ import sys
 import time
 from dataclasses import replace
 
-from kvscope.sinks.clickhouse import ClickHouseSink
 from kvscope.sinks.delivery import DeliveryOptions
 from kvscope.sinks.spool import Spool
+from kvscope.store.sink import ClickHouseSink
 from tests.clickhouse.rowsource import trace
 
 OPTIONS = DeliveryOptions(batch_rows=1000, batch_interval_s=0.1, backoff_initial_s=0.02,

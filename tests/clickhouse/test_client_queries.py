@@ -5,11 +5,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from kvscope import query, schema
 from kvscope.sidecar.clients import ClientJoin
 from kvscope.sidecar.hashkey import Keyer
-from kvscope.sinks import arrowrows
-from kvscope.sinks.rows import ClientRequest
+from kvscope.store import arrow, query, schema
+from kvscope.store.rows import ClientRequest
 from kvscope_probe import wire
 from tests.unit.test_clients import start, trace
 
@@ -44,7 +43,7 @@ def client_rows() -> list[ClientRequest]:
 def load(store: Any) -> None:
     schema.apply_schema(store, store.database, 30, None)
     rows = client_rows()
-    store.raw_insert("client_requests", None, arrowrows.encode("client_requests", rows),
+    store.raw_insert("client_requests", None, arrow.encode("client_requests", rows),
                      fmt="Arrow")
 
 

@@ -14,12 +14,12 @@ import pytest
 from clickhouse_connect.driver.exceptions import OperationalError
 from prometheus_client import CollectorRegistry
 
-from kvscope.sinks import arrowrows
 from kvscope.sinks.base import SinkManager
-from kvscope.sinks.clickhouse import ClickHouseSink, Target
 from kvscope.sinks.metrics import SinkCollector
-from kvscope.sinks.rows import RequestTrace
 from kvscope.sinks.spool import Spool, SpooledBatch
+from kvscope.store import arrow
+from kvscope.store.rows import RequestTrace
+from kvscope.store.sink import ClickHouseSink, Target
 from tests.clickhouse.conftest import FAST, clickhouse_connect, count
 from tests.clickhouse.rowsource import SwitchableStore, trace
 
@@ -162,7 +162,7 @@ def test_full_spool_drops_by_policy_and_counts(store: Any, database: str, chdb_d
 def test_same_token_is_stored_once(store: Any, database: str, chdb_dsn: str,
                                    tmp_path: Path) -> None:
     sink = sink_for(chdb_dsn, database, tmp_path / "spool")
-    payload = arrowrows.encode("request_traces", [trace(i) for i in range(300)])
+    payload = arrow.encode("request_traces", [trace(i) for i in range(300)])
     batch = SpooledBatch(1, "request_traces", 300, time.time(), "tok-a", len(payload))
     sink._send(batch, payload, 0)
     sink._send(batch, payload, 1)  # a retry after a lost answer
@@ -177,7 +177,7 @@ def test_batch_inserted_before_a_crash_is_replayed_once(store: Any, database: st
     """The crash window of write-ahead: the store took the batch, the process died before
     deleting it from the spool. The next start sends it again with the same token."""
     rows = [trace(i) for i in range(500)]
-    payload = arrowrows.encode("request_traces", rows)
+    payload = arrow.encode("request_traces", rows)
     spool = Spool(str(tmp_path / "spool"))
     batch = spool.put("request_traces", 500, time.time(), "crash-token", payload)
     spool.close()

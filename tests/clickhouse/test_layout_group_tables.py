@@ -8,10 +8,9 @@ from typing import Any
 
 import pytest
 
-from kvscope import schema
-from kvscope.sidecar.layout import LayoutSampler, layout_rows
-from kvscope.sidecar.layout_store import clickhouse_history, to_row
-from kvscope.sinks import arrowrows
+from kvscope.layout.history import clickhouse_history, to_row
+from kvscope.layout.sampler import LayoutSampler, layout_rows
+from kvscope.store import arrow, schema
 from tests.unit.test_layout import F, N, U, pool
 
 pytestmark = pytest.mark.clickhouse
@@ -31,8 +30,8 @@ def test_an_old_table_gains_the_column_and_the_tables_round_trip(store: Any,
     hub = pool([N, U, U, U, F], {"a": [[0, 0, 1], [2, 3]]}, {"a": 90}, groups=2)
     now = time.time()  # the table's TTL drops old rows at once
     (snap,) = LayoutSampler(hub).tick(now=now)
-    payload = arrowrows.encode("layout_snapshots", [to_row(r) for r in layout_rows(snap)])
-    store.raw_insert(f"{database}.layout_snapshots", arrowrows.column_names(payload),
+    payload = arrow.encode("layout_snapshots", [to_row(r) for r in layout_rows(snap)])
+    store.raw_insert(f"{database}.layout_snapshots", arrow.column_names(payload),
                      payload.to_pybytes(), fmt="Arrow")  # as the sink inserts
     (back,) = clickhouse_history(lambda: store, database)("0", now - 1, now + 1, 10)
     assert [t.runs for t in back.owners[0].groups] == [((0, 2), (1, 1)), ((2, 2),)]

@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from kvscope import query, schema
 from kvscope.sinks.base import SinkManager
-from kvscope.sinks.clickhouse import ClickHouseSink
-from kvscope.sinks.rows import RequestTrace, SchedulerDecision
+from kvscope.store import query, schema
+from kvscope.store.rows import RequestTrace, SchedulerDecision
+from kvscope.store.sink import ClickHouseSink
 from tests.clickhouse.conftest import FAST, clickhouse_connect, count, database_name
 from tests.clickhouse.twinrun import BLOCK_SIZE
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from kvscope import schema
-from kvscope.sinks.rows import TABLES, columns
+from kvscope.store import schema
+from kvscope.store.rows import TABLES, columns
 
 pytestmark = pytest.mark.clickhouse
 

@@ -15,7 +15,7 @@ from kvscope.client.backpressure import (
     pressure_delay,
     retry_delay,
 )
-from kvscope.config import ConfigError
+from kvscope.errors import ConfigError
 from tests.client.fakes import FakeClock
 
 EXACT = ClientConfig(jitter_ratio=0.0)

@@ -32,7 +32,8 @@ import httpx
 import pytest
 
 from kvscope.localvllm.server import HOST, ServerSpec, VllmServer, free_port
-from kvscope.localvllm.tinymodel import default_cache_dir, make_tiny_model
+from kvscope.models.config import default_cache_dir
+from kvscope.models.tiny import make_tiny_model
 from kvscope.procs import stop_process
 
 VLLM_LOCK_PATH = Path("/tmp/kvscope-vllm.lock")

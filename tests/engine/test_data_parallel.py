@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kvscope.localvllm.load import LoadSpec, run_load_sync
+from kvscope.load.mix import LoadSpec, run_load_sync
 from kvscope.localvllm.server import ServerSpec, VllmServer, free_port, live_group_pids
 from tests.engine.conftest import NUM_BLOCKS, vllm_machine_lock
 from tests.engine.test_many_servers import dump_keys, first_request, get, samples

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvscope.localvllm.load import LoadSpec, build_requests, run_load_sync
+from kvscope.load.mix import LoadSpec, build_requests, run_load_sync
 from kvscope.localvllm.server import live_group_pids
 
 if TYPE_CHECKING:

@@ -17,9 +17,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from kvscope.localvllm.load import LoadSpec, run_load_sync
+from kvscope.load.mix import LoadSpec, run_load_sync
 from kvscope.localvllm.server import HOST, ServerSpec, VllmServer, free_port
-from kvscope.localvllm.tinymodel import default_cache_dir, make_tiny_model
+from kvscope.models.config import default_cache_dir
+from kvscope.models.tiny import make_tiny_model
 from tests.engine.conftest import EngineStack, SidecarProcess, running_stack
 from tests.engine.test_engine import (
     ENGINE,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from kvscope.localvllm.load import LoadSpec, run_load_sync
+from kvscope.load.mix import LoadSpec, run_load_sync
 from kvscope.localvllm.server import HOST, ServerSpec, VllmServer, free_port
 from tests.engine.conftest import EngineStack, SidecarProcess, running_stack
 from tests.engine.test_engine import ENGINE, REASONS, sample, wait_until_quiet

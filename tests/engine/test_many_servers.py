@@ -28,7 +28,7 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvscope.localvllm.load import LoadSpec, run_load_sync
+from kvscope.load.mix import LoadSpec, run_load_sync
 from kvscope.localvllm.server import ServerSpec, VllmServer, free_port, live_group_pids
 from tests.engine.conftest import NUM_BLOCKS, vllm_machine_lock
 from tests.reliability.serveproc import ROOT, ServeProcess, clean_env, wait_until

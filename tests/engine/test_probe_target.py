@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 import pytest
 
-from kvscope.localvllm.load import LoadSpec, run_load_sync
+from kvscope.load.mix import LoadSpec, run_load_sync
 from kvscope.localvllm.server import HOST, ServerSpec, VllmServer, free_port, live_group_pids
 from kvscope.sidecar.clients import caller_id
 from kvscope_probe.middleware import request_key

@@ -23,8 +23,8 @@ from typing import Any
 
 import clickhouse_connect
 
-from kvscope.schema import DEFAULT_DATABASE
 from kvscope.sinks.spool import SpooledBatch
+from kvscope.store.schema import DEFAULT_DATABASE
 
 
 def _q(text: str) -> str:

@@ -26,9 +26,9 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 from starlette.routing import Route
 
-from kvscope.config import ServeConfig
 from kvscope.localvllm.server import free_port
 from kvscope.sidecar import app as app_module
+from kvscope.sidecar.config import ServeConfig
 from kvscope.sidecar.server import Sidecar
 from tests.reliability.serveproc import ROOT, ServeProcess, clean_env
 

@@ -25,7 +25,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import generate_latest
 
-from kvscope.config import ServeConfig
+from kvscope.sidecar.config import ServeConfig
 from kvscope.sidecar.server import Sidecar
 from kvscope.twin import TwinConfig, WorkloadSpec, generate
 from kvscope_probe import plugin, sender, wire

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvscope.sidecar.layout_snapshot import decode_runs
+from kvscope.layout.snapshot import decode_runs
 from kvscope_probe import plugin
 from kvscope_probe.recorder import FORCED_KEYFRAME_GAP_S, Recorder
 from tests.reliability.serveproc import ServeProcess, wait_until

@@ -20,10 +20,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from kvscope.sinks.base import SinkManager
-from kvscope.sinks.clickhouse import ClickHouseSink
 from kvscope.sinks.delivery import DeliveryOptions
 from kvscope.sinks.metrics import SinkCollector
-from kvscope.sinks.rows import table_of
+from kvscope.store.rows import table_of
+from kvscope.store.sink import ClickHouseSink
 from kvscope_probe import plugin
 from tests.reliability.serveproc import ServeProcess, wait_until
 from tests.reliability.stores import decision_events, read_store, spool_rows

@@ -18,7 +18,7 @@ def serve(dsn: str, database: str) -> None:
     import clickhouse_connect
 
     from dashboards.clickhouse import load
-    from kvscope import query
+    from kvscope.store import query
 
     client = clickhouse_connect.get_client(dsn=dsn, database=database)
     print(json.dumps({"ready": True}), flush=True)

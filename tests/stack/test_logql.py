@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvscope.logql import read_queries
+from kvscope.decisions.logql import read_queries
 from tests.stack.logql import ROOT, parse_errors
 
 

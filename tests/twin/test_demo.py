@@ -26,7 +26,7 @@ import httpx
 import psutil
 import pytest
 
-from kvscope.demo_live import Scrape
+from kvscope.demo.live import Scrape
 from kvscope.localvllm.server import free_port
 
 pytestmark = pytest.mark.twin

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvscope.demo_live import Scrape
+from kvscope.demo.live import Scrape
 from tests.twin.test_demo import Demo, assert_gone
 
 pytestmark = pytest.mark.twin

@@ -13,7 +13,7 @@ import pytest
 
 from kvscope.sidecar.capacity import head_fit
 from kvscope.sidecar.requests import RequestTracker
-from kvscope.sinks.rows import SchedulerDecision
+from kvscope.store.rows import SchedulerDecision
 from kvscope.twin import TwinConfig
 from kvscope.twin.probed import ProbedTwin
 from kvscope.twin.workload import TwinRequest

@@ -8,11 +8,11 @@ from collections import Counter
 
 import pytest
 
+from kvscope.decisions.log import DecisionLog
 from kvscope.sidecar.hub import Hub
 from kvscope.sidecar.requests import RequestTracker
 from kvscope.sinks.base import SinkManager
-from kvscope.sinks.decisionlog import DecisionLog
-from kvscope.sinks.rows import RequestEvent, RequestTrace, SchedulerDecision, StepStat
+from kvscope.store.rows import RequestEvent, RequestTrace, SchedulerDecision, StepStat
 from kvscope.twin import TwinConfig, WorkloadSpec, generate
 from kvscope.twin.probed import ProbedTwin
 

@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from kvscope import whatif, whatif_chart
-from kvscope.sinks.rows import RequestTrace
+from kvscope.store.rows import RequestTrace
 from kvscope.twin import TwinConfig, TwinRequest, WorkloadSpec, generate
 from kvscope.whatif_replay import load
 from kvscope.whatif_report import record

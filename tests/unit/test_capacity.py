@@ -8,13 +8,13 @@ are the wire's own structs, as a newer vLLM or a changed pool would make the pro
 
 from __future__ import annotations
 
+from kvscope.layout.api import engine_layout
+from kvscope.layout.sampler import LayoutSampler
 from kvscope.sidecar.capacity import head_fit, min_blocks, min_tokens
 from kvscope.sidecar.hub import Hub
-from kvscope.sidecar.layout import LayoutSampler
-from kvscope.sidecar.layout_api import engine_layout
 from kvscope.sidecar.metrics import KVScopeCollector
 from kvscope.sidecar.requests import RequestTracker
-from kvscope.sinks.rows import SchedulerDecision
+from kvscope.store.rows import SchedulerDecision
 from kvscope_probe import wire
 from tests.unit.test_wire import frame, hello, step
 

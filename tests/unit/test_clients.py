@@ -12,7 +12,7 @@ from kvscope.sidecar.clients import MAX_SAME_KEY, ClientJoin, caller_id
 from kvscope.sidecar.hashkey import Keyer
 from kvscope.sidecar.hub import Hub
 from kvscope.sidecar.pressure import preempt_rate
-from kvscope.sinks.rows import ClientRequest, RequestTrace
+from kvscope.store.rows import ClientRequest, RequestTrace
 from kvscope_probe import wire
 from kvscope_probe.middleware import request_key
 from tests.unit.test_hub import feed, keyframe

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvscope.config import ConfigError, ServeConfig, from_sources
+from kvscope.errors import ConfigError
+from kvscope.sidecar.config import ServeConfig, from_sources
 
 
 def test_defaults_bind_loopback() -> None:

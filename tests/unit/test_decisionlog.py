@@ -11,9 +11,9 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from kvscope.sinks.decisionlog import TABLE, DecisionLog
+from kvscope.decisions.log import TABLE, DecisionLog
 from kvscope.sinks.metrics import SinkCollector
-from kvscope.sinks.rows import SchedulerDecision
+from kvscope.store.rows import SchedulerDecision
 
 
 def decision(i: int) -> SchedulerDecision:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kvscope.config import ConfigError, ServeConfig
+from kvscope.errors import ConfigError
+from kvscope.sidecar.config import ServeConfig
 from kvscope.sidecar.hashkey import KEY_FILE_NAME, Keyer, load_or_create, read_key
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
+from kvscope.layout.sampler import LayoutSampler, decode_runs, encode_runs, layout_rows
+from kvscope.layout.snapshot import fragments
 from kvscope.sidecar.hub import Hub
-from kvscope.sidecar.layout import LayoutSampler, decode_runs, encode_runs, layout_rows
-from kvscope.sidecar.layout_snapshot import fragments
 from kvscope_probe import wire
 from tests.unit.test_hub import feed
 from tests.unit.test_wire import hello, step

@@ -12,16 +12,16 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
+from kvscope.layout.api import layout_router
+from kvscope.layout.sampler import LayoutSampler
 from kvscope.sidecar.app import create_app
 from kvscope.sidecar.hub import Hub
-from kvscope.sidecar.layout import LayoutSampler
-from kvscope.sidecar.layout_api import layout_router
 from kvscope_probe import wire
 from tests.unit.test_hub import feed
 from tests.unit.test_layout import C, F, N, U, pool
 from tests.unit.test_wire import step
 
-SCHEMA = json.loads((resources.files("kvscope.sidecar") / "layout.schema.json").read_text())
+SCHEMA = json.loads((resources.files("kvscope.layout") / "layout.schema.json").read_text())
 
 
 def valid(body: Any, definition: str) -> None:

@@ -19,12 +19,13 @@ from fastapi import FastAPI
 from PIL import Image
 from prometheus_client import CollectorRegistry
 
-from kvscope import layout_dump, layout_png
+from kvscope.layout import dump as layout_dump
+from kvscope.layout import palette
+from kvscope.layout import png as layout_png
+from kvscope.layout.api import layout_router
+from kvscope.layout.sampler import LayoutSampler
 from kvscope.localvllm.server import free_port
-from kvscope.sidecar import palette
 from kvscope.sidecar.app import create_app
-from kvscope.sidecar.layout import LayoutSampler
-from kvscope.sidecar.layout_api import layout_router
 from tests.unit.test_layout import C, F, N, U, pool
 from tests.unit.test_layout_api import SCHEMA
 
@@ -127,7 +128,7 @@ def test_a_missing_token_is_named(sidecar: str, tmp_path: Path,
 
 def test_module_runs_as_a_script(sidecar: str, tmp_path: Path) -> None:
     out = tmp_path / "m.json"
-    r = subprocess.run([sys.executable, "-m", "kvscope.layout_dump", "layout", "dump",
+    r = subprocess.run([sys.executable, "-m", "kvscope.layout.dump", "layout", "dump",
                         "--output", str(out), "--url", sidecar, "--token", "tk"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

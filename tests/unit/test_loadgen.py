@@ -18,8 +18,8 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from kvscope import loadgen
-from kvscope.localvllm.load import LoadSpec, build_requests
+from kvscope.load import cli as loadgen
+from kvscope.load.mix import LoadSpec, build_requests
 
 FAIL_EVERY = 5
 """The stand-in answers 503 to every request whose index is 4 mod 5."""

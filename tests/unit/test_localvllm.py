@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvscope.localvllm import server as server_mod
-from kvscope.localvllm.load import (
+from kvscope.load.mix import (
     WORDS,
     LoadSpec,
     RequestOutcome,
@@ -19,6 +18,7 @@ from kvscope.localvllm.load import (
     request_headers,
     run_load_sync,
 )
+from kvscope.localvllm import server as server_mod
 from kvscope.localvllm.server import (
     ServerExited,
     ServerSpec,

@@ -11,10 +11,10 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request, Response
 
+from kvscope.decisions.loki import LokiSink, push_payload
 from kvscope.localvllm.server import free_port
 from kvscope.sinks.delivery import DeliveryOptions
-from kvscope.sinks.loki import LokiSink, push_payload
-from kvscope.sinks.rows import SchedulerDecision
+from kvscope.store.rows import SchedulerDecision
 
 
 def decision(i: int, event: str = "preempt", engine: str = "0") -> SchedulerDecision:

@@ -66,7 +66,7 @@ def live_samples(tmp_path: Path) -> dict[str, set[str]]:
     the CLI builds it), fed by vLLM's real scheduler through the probe (the twin), client
     events of the middleware's shape, one scrape of a vLLM /metrics page and a ClickHouse
     server that refuses connections."""
-    from kvscope.config import ServeConfig
+    from kvscope.sidecar.config import ServeConfig
     from kvscope.sidecar.server import Sidecar
     from kvscope.twin import TwinConfig, generate
     from kvscope.twin.probed import ProbedTwin

@@ -12,12 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kvscope.localvllm.tinymodel import (
-    VOCAB_SIZE,
-    default_cache_dir,
-    is_complete,
-    write_llama_config,
-)
+from kvscope.models.config import VOCAB_SIZE, default_cache_dir, write_llama_config
+from kvscope.models.tiny import is_complete
 
 
 def test_write_llama_config_writes_the_tiny_llama(tmp_path: Path) -> None:
@@ -62,7 +58,7 @@ def test_default_cache_dir_honours_the_environment(
 
 def test_light_modules_import_neither_torch_nor_vllm() -> None:
     code = (
-        "import sys, kvscope, kvscope.twin, kvscope.localvllm.tinymodel\n"
+        "import sys, kvscope, kvscope.twin, kvscope.models.tiny\n"
         "heavy = sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules)\n"
         "print(','.join(heavy))\n"
     )

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from kvscope.sidecar.vllm_metrics import parse, redact
+from kvscope.redact import safe_url
+from kvscope.sidecar.vllm_metrics import parse
 
 # ruff: noqa: E501 - exposition lines are kept verbatim
 
@@ -28,5 +29,5 @@ def test_parse_derives_free_blocks_from_usage() -> None:
     assert m.free_blocks == 35  # (1 - 12/47) * 47
 
 
-def test_redact_drops_credentials() -> None:
-    assert redact("http://user:pw@127.0.0.1:8000/x?token=1") == "http://127.0.0.1:8000/x"
+def test_safe_url_drops_credentials() -> None:
+    assert safe_url("http://user:pw@127.0.0.1:8000/x?token=1") == "http://127.0.0.1:8000/x"

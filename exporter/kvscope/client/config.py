@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-from kvscope.config import ConfigError
+from kvscope.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -1,1 +1,2 @@
-"""kvscope.localvllm"""
+"""A real vLLM OpenAI server on this machine (``server``), started on a free loopback port
+with a tiny generated model (``kvscope.models``), stopped by its process group."""

@@ -32,7 +32,7 @@ from typing import Any
 
 from kvscope.sidecar.client_stats import ClientStats, LabelSlots, client_label
 from kvscope.sidecar.hashkey import Keyer
-from kvscope.sinks.rows import ClientRequest, RequestTrace
+from kvscope.store.rows import ClientRequest, RequestTrace
 from kvscope_probe import wire
 from kvscope_probe.middleware import request_key
 

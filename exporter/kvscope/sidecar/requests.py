@@ -1,7 +1,7 @@
 """Layers 2 and 4: per-request traces, lifecycle events, decisions and per-second rollups.
 
 A ``RequestTracker`` listens to EngineState events (it runs on the receiver thread, after
-the ledger has applied each step) and emits rows from ``kvscope.sinks.rows`` to one
+the ledger has applied each step) and emits rows from ``kvscope.store.rows`` to one
 callable. It keeps a little state per live request, bounded: requests whose end never
 arrives (a gap) are evicted oldest first and counted.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 from kvscope.sidecar.capacity import head_fit
 from kvscope.sidecar.engine import EngineState, PreemptionSeen
-from kvscope.sinks.rows import RequestEvent, RequestTrace, SchedulerDecision, StepStat
+from kvscope.store.rows import RequestEvent, RequestTrace, SchedulerDecision, StepStat
 from kvscope_probe import wire
 
 Emit = Callable[[Any], None]

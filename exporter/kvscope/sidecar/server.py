@@ -8,27 +8,27 @@ import threading
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from kvscope.config import ServeConfig
+from kvscope.decisions.log import DecisionLog
+from kvscope.decisions.loki import LokiSink
+from kvscope.layout.api import layout_router
+from kvscope.layout.history import clickhouse_history, to_row
+from kvscope.layout.sampler import LayoutSampler
+from kvscope.layout.snapshot import layout_rows
 from kvscope.sidecar.app import create_app
 from kvscope.sidecar.clients import ClientJoin
+from kvscope.sidecar.config import ServeConfig
 from kvscope.sidecar.gpu import GpuReader
 from kvscope.sidecar.hashkey import Keyer, load_or_create
 from kvscope.sidecar.hub import Hub
-from kvscope.sidecar.layout import LayoutSampler
-from kvscope.sidecar.layout_api import layout_router
-from kvscope.sidecar.layout_snapshot import layout_rows
-from kvscope.sidecar.layout_store import clickhouse_history, to_row
 from kvscope.sidecar.metrics import KVScopeCollector
 from kvscope.sidecar.process import ProcessReader
 from kvscope.sidecar.receiver import Receiver
 from kvscope.sidecar.requests import RequestTracker
 from kvscope.sidecar.vllm_metrics import VllmScraper
 from kvscope.sinks.base import SinkManager
-from kvscope.sinks.clickhouse import ClickHouseSink
-from kvscope.sinks.decisionlog import DecisionLog
-from kvscope.sinks.loki import LokiSink
 from kvscope.sinks.metrics import SinkCollector
-from kvscope.sinks.rows import RequestTrace
+from kvscope.store.rows import RequestTrace
+from kvscope.store.sink import ClickHouseSink
 
 log = logging.getLogger("kvscope.sidecar")
 

@@ -11,10 +11,11 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
+from kvscope.redact import safe_url
 
 log = logging.getLogger("kvscope.sidecar")
 
@@ -36,14 +37,6 @@ class VllmEngineMetrics:
             return None
         return round((1.0 - self.usage) * (self.num_gpu_blocks - 1))
 
-
-def redact(url: str) -> str:
-    """The URL without user:password, for logs and errors."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
 def parse(text: str) -> dict[str, VllmEngineMetrics]:
@@ -93,7 +86,7 @@ class VllmScraper(threading.Thread):
     def __init__(self, url: str, interval_s: float = 5.0, timeout_s: float = 3.0) -> None:
         super().__init__(name="kvscope-vllm-scraper", daemon=True)
         self.url = url.rstrip("/")
-        self.safe_url = redact(self.url)
+        self.safe_url = safe_url(self.url)
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.latest: dict[str, VllmEngineMetrics] = {}

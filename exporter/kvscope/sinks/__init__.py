@@ -1,1 +1,3 @@
-"""kvscope.sinks: where rows go (ClickHouse, the decision log, Loki), behind one interface."""
+"""kvscope.sinks: the one interface every store writes through (``base``), with queueing,
+batching, spooling and retries (``delivery``, ``spool``) and their metrics; the stores
+themselves live in ``kvscope.store`` (ClickHouse) and ``kvscope.decisions`` (log, Loki)."""

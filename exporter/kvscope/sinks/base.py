@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
-from kvscope.sinks.rows import table_of
+from kvscope.store.rows import table_of
 
 log = logging.getLogger("kvscope.sinks")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from kvscope.localvllm.tinymodel import MAX_POSITION_EMBEDDINGS
+from kvscope.models.config import MAX_POSITION_EMBEDDINGS
 
 Policy = Literal["fcfs", "priority"]
 POLICIES: tuple[Policy, ...] = ("fcfs", "priority")

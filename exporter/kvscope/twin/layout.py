@@ -16,7 +16,7 @@ and Mamba block size from the cache config alone, ``MambaSpec`` (``v1/kv_cache_i
 
 from __future__ import annotations
 
-from kvscope.localvllm.tinymodel import llama_config
+from kvscope.models.config import llama_config
 from kvscope.twin._vllm import (
     FullAttentionSpec,
     KVCacheConfig,

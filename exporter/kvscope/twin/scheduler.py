@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvscope.localvllm.tinymodel import default_cache_dir, write_llama_config
+from kvscope.models.config import default_cache_dir, write_llama_config
 from kvscope.twin._vllm import (
     AsyncScheduler,
     CacheConfig,

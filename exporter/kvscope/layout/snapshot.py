@@ -1,0 +1,261 @@
+"""A layout snapshot: one engine's block pool at one instant, run-length encoded.
+
+For every block: its state (``wire.STATE_*``: free, cached = free but holding evictable
+prefix-cache data, allocated, null), the running request whose block table lists it
+(allocated blocks only) and its KV cache group. Stored as rows of
+``(state, owner, group, length)`` over consecutive block IDs, which is how the API, the
+ClickHouse table and the PNG read it.
+
+Block state is pool-wide. With one KV cache group every block is in group 0; with several,
+an allocated block is in the group whose table lists it, and free, cached and null blocks
+are shared (group -1). Each owner also keeps its block table per group as runs of
+consecutive IDs, ``(first, length)``, where ``first == 0`` is a run of null placeholders
+(a sliding-window or Mamba group nulls the entries it no longer needs). Pure functions:
+no lock, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kvscope.sidecar.engine import EngineState
+from kvscope_probe import wire
+from kvscope_probe.identity import engine_key
+
+STATE_NAMES = ("free", "cached", "allocated", "null")
+"""Index = ``wire.STATE_*``."""
+SHARED_GROUP = -1
+NO_OWNER = -1
+
+TableRuns = tuple[tuple[int, int], ...]
+"""One group's block table as (first block ID, length) runs; first 0: null placeholders."""
+
+
+def table_runs(ids: list[int]) -> TableRuns:
+    """``[0, 0, 7, 8, 9, 4]`` -> ``((0, 2), (7, 3), (4, 1))``."""
+    runs: list[list[int]] = []
+    for i in ids:
+        if runs and ((i == 0 and runs[-1][0] == 0)
+                     or (i > 0 and runs[-1][0] > 0 and i == runs[-1][0] + runs[-1][1])):
+            runs[-1][1] += 1
+        else:
+            runs.append([max(i, 0), 1])
+    return tuple((a, n) for a, n in runs)
+
+
+@dataclass(frozen=True)
+class GroupTable:
+    """A request's block table in one KV cache group."""
+
+    runs: TableRuns
+
+    @property
+    def blocks(self) -> int:
+        return sum(n for a, n in self.runs if a > 0)
+
+    @property
+    def null_blocks(self) -> int:
+        return sum(n for a, n in self.runs if a == 0)
+
+    @property
+    def fragments(self) -> int:
+        return sum(1 for a, _ in self.runs if a > 0)
+
+    def as_json(self, group: int) -> dict[str, Any]:
+        return {"group": group, "blocks": self.blocks, "null_blocks": self.null_blocks,
+                "fragments": self.fragments, "table": [list(r) for r in self.runs]}
+
+
+@dataclass(frozen=True)
+class Owner:
+    """A running request as the layout shows it when a block of it is hovered."""
+
+    req_id: str
+    blocks: int
+    """Blocks in its table, all KV groups, null placeholders excluded."""
+    fragments: int
+    """Runs of consecutive block IDs in its table, summed over groups (1 = contiguous)."""
+    tokens: int
+    """Computed tokens."""
+    shared_blocks: int
+    """Of its blocks, those an earlier-listed request also holds (prefix-cache sharing)."""
+    groups: tuple[GroupTable, ...] = ()
+    """Its block table in each KV cache group, in group order."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One engine's pool at one instant (sidecar clock), run-length encoded."""
+
+    engine: str
+    model: str
+    session: str
+    ts: float
+    """Sidecar wall time of the sample."""
+    step: int
+    """Steps the sidecar had ingested for this session."""
+    step_ts: float
+    """Engine wall time of that step (0.0 before the first step)."""
+    num_blocks: int
+    kv_groups: tuple[wire.KVGroup, ...]
+    runs: np.ndarray
+    """int32 rows (state, owner index or -1, group or -1, length) covering every block."""
+    owners: tuple[Owner, ...]
+    free_blocks: int
+    cached_blocks: int
+    used_blocks: int
+    max_contiguous_free: int
+    budget_utilization: float | None
+    running: int
+    waiting: int
+    cost: int = 0
+    """Bytes this snapshot adds to the history (0 when it shares its runs)."""
+    server: str = ""
+    """The engine's server label (EngineState.server)."""
+
+    @property
+    def key(self) -> str:
+        """The engine's name in the sidecar (EngineState.key)."""
+        return engine_key(self.server, self.engine)
+
+
+def fragments(ids: list[int]) -> int:
+    """Runs of consecutive IDs in one block table (the null block 0 excluded)."""
+    runs, prev = 0, None
+    for i in ids:
+        if i <= 0:
+            continue
+        if prev is None or i != prev + 1:
+            runs += 1
+        prev = i
+    return runs
+
+
+def encode_runs(states: np.ndarray, owner: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """Run-length encode three per-block arrays into (state, owner, group, length) rows."""
+    n = states.size
+    if n == 0:
+        return np.zeros((0, 4), np.int32)
+    diff = (states[1:] != states[:-1]) | (owner[1:] != owner[:-1]) | (group[1:] != group[:-1])
+    starts = np.concatenate(([0], np.flatnonzero(diff) + 1))
+    lengths = np.diff(np.append(starts, n))
+    return np.stack(
+        [states[starts], owner[starts], group[starts], lengths], axis=1
+    ).astype(np.int32)
+
+
+def decode_runs(runs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-block (states uint8, owner int32, group int16) arrays back from runs."""
+    lengths = runs[:, 3]
+    return (
+        np.repeat(runs[:, 0], lengths).astype(np.uint8),
+        np.repeat(runs[:, 1], lengths).astype(np.int32),
+        np.repeat(runs[:, 2], lengths).astype(np.int16),
+    )
+
+
+@dataclass(frozen=True)
+class EngineCopy:
+    """What a snapshot needs from an EngineState, copied under the hub lock."""
+
+    hello: wire.Hello
+    steps: int
+    last_step: wire.Step | None
+    states: bytes
+    tables: dict[str, list[list[int]]]
+    tokens: dict[str, int]
+    budget_utilization: float | None
+    server: str = ""
+
+    @classmethod
+    def of(cls, st: EngineState) -> EngineCopy:
+        led = st.ledger
+        return cls(st.hello, st.counters.steps, st.last_step, bytes(led.states),
+                   {r: [list(g) for g in t] for r, t in led.tables.items()},
+                   dict(led.tokens), st.budget_utilization(), st.server)
+
+
+def build_snapshot(c: EngineCopy, ts: float) -> Snapshot:
+    """Compute a snapshot from a copy of one engine's ledger (no lock needed)."""
+    arr = np.frombuffer(c.states, dtype=np.uint8)
+    n = arr.size
+    multi = len(c.hello.kv_groups) > 1
+    owner = np.full(n, NO_OWNER, np.int32)
+    group = np.full(n, SHARED_GROUP if multi else 0, np.int16)
+    owners: list[Owner] = []
+    for idx, (rid, table) in enumerate(c.tables.items()):
+        total = shared = frags = 0
+        for g, ids in enumerate(table):
+            a = np.asarray(ids, dtype=np.int64)
+            a = a[(a > 0) & (a < n)]
+            taken = owner[a] != NO_OWNER
+            shared += int(np.count_nonzero(taken))
+            owner[a[~taken]] = idx
+            if multi:
+                group[a] = g
+            total += a.size
+            frags += fragments(ids)
+        tables = tuple(GroupTable(table_runs(ids)) for ids in table)
+        owners.append(Owner(rid, total, frags, c.tokens.get(rid, 0), shared, tables))
+    used = arr == wire.STATE_USED
+    owner[~used] = NO_OWNER
+    if multi:
+        group[~used] = SHARED_GROUP
+    runs = encode_runs(arr, owner, group)
+    free = arr <= wire.STATE_CACHED
+    edges = np.diff(np.concatenate(([0], free.astype(np.int8), [0])))
+    free_runs = np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1)
+    last = c.last_step
+    return Snapshot(
+        engine=c.hello.engine, model=c.hello.model, session=c.hello.session, ts=ts,
+        step=c.steps, step_ts=last.ts if last else 0.0, num_blocks=n,
+        kv_groups=tuple(c.hello.kv_groups), runs=runs, owners=tuple(owners),
+        free_blocks=int(np.count_nonzero(free)),
+        cached_blocks=int(np.count_nonzero(arr == wire.STATE_CACHED)),
+        used_blocks=int(np.count_nonzero(used)),
+        max_contiguous_free=int(free_runs.max()) if free_runs.size else 0,
+        budget_utilization=c.budget_utilization,
+        running=last.running if last else 0, waiting=last.waiting if last else 0,
+        cost=runs.nbytes + sum(96 + 16 * sum(len(t.runs) for t in o.groups) for o in owners)
+        + 256, server=c.server,
+    )
+
+
+def layout_rows(snap: Snapshot) -> list[dict[str, Any]]:
+    """Rows of ``layout_snapshots`` (clickhouse/schema/050_layout_snapshots.sql) for one
+    snapshot: one row, as a list so a sink can extend its batch. ``states``,
+    ``block_group`` (-1 shared) and ``owner`` have one entry per block; ``owner`` is
+    1-based as ClickHouse arrays are: 0 none, i means ``owner_req_ids[i]``;
+    ``owner_group_runs`` holds, per owner and group, its table's runs flattened (first,
+    length, first, length, ...). ``ts`` is epoch
+    seconds (float) as in ``kvscope.store.rows``; the writer makes it a DateTime64."""
+    states, owner, group = decode_runs(snap.runs)
+    return [{
+        "ts": snap.ts,
+        "model": snap.model,
+        "engine": snap.engine,
+        "session": snap.session,
+        "step": snap.step,
+        "num_blocks": snap.num_blocks,
+        "free_blocks": snap.free_blocks,
+        "cached_blocks": snap.cached_blocks,
+        "used_blocks": snap.used_blocks,
+        "max_contiguous_free": snap.max_contiguous_free,
+        "budget_utilization": (-1.0 if snap.budget_utilization is None
+                               else float(snap.budget_utilization)),
+        "running": snap.running,
+        "waiting": snap.waiting,
+        "kv_group_kinds": [g.kind for g in snap.kv_groups],
+        "states": states.tolist(),
+        "block_group": group.astype(np.int8).tolist(),
+        "owner": (owner + 1).astype(np.uint32).tolist(),
+        "owner_req_ids": [o.req_id for o in snap.owners],
+        "owner_blocks": [o.blocks for o in snap.owners],
+        "owner_fragments": [o.fragments for o in snap.owners],
+        "owner_group_runs": [[[x for r in t.runs for x in r] for t in o.groups]
+                             for o in snap.owners],
+        "server": snap.server,
+    }]

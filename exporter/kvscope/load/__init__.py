@@ -1,0 +1,2 @@
+"""Load for an OpenAI-compatible server: the seeded request mix (``mix``) and the
+``kvscope loadgen`` command around it (``cli``)."""

@@ -1,0 +1,162 @@
+"""ClickHouse DDL and saved queries: the ``.sql`` files shipped in ``kvscope/clickhouse/``.
+
+``schema/*.sql`` is applied in name order, idempotently (``IF NOT EXISTS``), with two
+placeholders: ``{database}`` and ``{ttl_days}``. The same files render a cluster variant:
+each ``ENGINE = MergeTree`` table becomes ``<name>_local`` on ``ReplicatedMergeTree`` plus a
+``Distributed`` table under the original name, every statement ``ON CLUSTER``. Inserts then
+go to the Distributed table unchanged; its sharding key must be a function of the row (a
+retried batch must land on the same shards for the dedup token to work): the default is
+``cityHash64(model, engine)``, a file may override it with ``-- kvscope:sharding_key EXPR``.
+
+``kvscope schema [--cluster NAME]`` prints the DDL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
+
+IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+DEFAULT_DATABASE = "kvscope"
+DEFAULT_TTL_DAYS = 30
+DEFAULT_SHARDING_KEY = "cityHash64(model, engine)"
+_SHARDING = re.compile(r"--\s*kvscope:sharding_key\s+(.+)$", re.MULTILINE)
+_CREATE_TABLE = re.compile(
+    r"^CREATE\s+TABLE\s+IF\s+NOT\s+EXISTS\s+(\w+)\.(\w+)\s*(\(.*\))\s*"
+    r"ENGINE\s*=\s*MergeTree(?:\(\))?\s+(.*)$", re.IGNORECASE | re.DOTALL)
+_ALTER_TABLE = re.compile(r"^ALTER\s+TABLE\s+(\w+)\.(\w+)\s+(.*)$", re.IGNORECASE | re.DOTALL)
+_CREATE_DB = re.compile(r"^CREATE\s+DATABASE\s+IF\s+NOT\s+EXISTS\s+(\w+)$", re.IGNORECASE)
+
+
+def sql_files(kind: str) -> list[Traversable]:
+    """The shipped ``.sql`` files of ``schema`` or ``queries``, in name order."""
+    root = resources.files("kvscope.store").joinpath("clickhouse").joinpath(kind)
+    return sorted((f for f in root.iterdir() if f.name.endswith(".sql")), key=lambda f: f.name)
+
+
+def split_statements(sql: str) -> list[str]:
+    """Statements of a file, comments dropped, split on ``;`` outside quotes."""
+    out: list[str] = []
+    buf: list[str] = []
+    quote = ""
+    i = 0
+    while i < len(sql):
+        ch = sql[i]
+        if quote:
+            buf.append(ch)
+            if ch == "\\" and i + 1 < len(sql):
+                buf.append(sql[i + 1])
+                i += 1
+            elif ch == quote:
+                quote = ""
+        elif ch in "'\"`":
+            quote = ch
+            buf.append(ch)
+        elif sql.startswith("--", i):
+            i = sql.find("\n", i)
+            if i < 0:
+                break
+            continue
+        elif ch == ";":
+            out.append("".join(buf).strip())
+            buf = []
+        else:
+            buf.append(ch)
+        i += 1
+    out.append("".join(buf).strip())
+    return [s for s in out if s]
+
+
+def check_names(database: str, ttl_days: int, cluster: str | None = None) -> list[str]:
+    """Every problem with these schema options (empty when usable)."""
+    errors = []
+    if not IDENT.match(database):
+        errors.append(f"database {database!r} must be a plain identifier")
+    if not isinstance(ttl_days, int) or ttl_days < 1:
+        errors.append(f"ttl_days must be a whole number of days >= 1, got {ttl_days!r}")
+    if cluster is not None and not IDENT.match(cluster):
+        errors.append(f"cluster {cluster!r} must be a plain identifier")
+    return errors
+
+
+def render_schema(database: str = DEFAULT_DATABASE, ttl_days: int = DEFAULT_TTL_DAYS,
+                  cluster: str | None = None) -> list[str]:
+    """Every DDL statement of ``schema/*.sql`` in order, placeholders filled."""
+    errors = check_names(database, ttl_days, cluster)
+    if errors:
+        raise ValueError("; ".join(errors))
+    statements: list[str] = []
+    for f in sql_files("schema"):
+        text = f.read_text(encoding="utf-8")
+        m = _SHARDING.search(text)
+        sharding = m.group(1).strip() if m else DEFAULT_SHARDING_KEY
+        text = text.replace("{database}", database).replace("{ttl_days}", str(ttl_days))
+        for stmt in split_statements(text):
+            statements.extend(_on_cluster(stmt, cluster, sharding, f.name) if cluster
+                              else [stmt])
+    return statements
+
+
+def table_names() -> set[str]:
+    """Tables the DDL creates (a row type without DDL is not taken by the sink)."""
+    made = (re.match(r"CREATE\s+TABLE\s+IF\s+NOT\s+EXISTS\s+\w+\.(\w+)", s, re.IGNORECASE)
+            for s in render_schema())
+    return {m.group(1) for m in made if m}
+
+
+def _on_cluster(stmt: str, cluster: str, sharding: str, source: str) -> list[str]:
+    on = f"ON CLUSTER '{cluster}'"
+    m = _CREATE_DB.match(stmt)
+    if m:
+        return [f"CREATE DATABASE IF NOT EXISTS {m.group(1)} {on}"]
+    m = _ALTER_TABLE.match(stmt)
+    if m:  # a column added to an existing table: to the local and the Distributed one
+        db, name, change = m.groups()
+        return [f"ALTER TABLE {db}.{t} {on} {change}" for t in (f"{name}_local", name)]
+    m = _CREATE_TABLE.match(stmt)
+    if not m:
+        raise ValueError(f"{source}: no cluster variant for statement {stmt[:60]!r}...")
+    db, name, body, rest = m.groups()
+    # {shard}, {replica}, {database} and {table} are the server's macros here.
+    local = (f"CREATE TABLE IF NOT EXISTS {db}.{name}_local {on}\n{body}\n"
+             f"ENGINE = ReplicatedMergeTree('/clickhouse/tables/{{shard}}/{{database}}/"
+             f"{{table}}', '{{replica}}')\n{rest}")
+    dist = (f"CREATE TABLE IF NOT EXISTS {db}.{name} {on} AS {db}.{name}_local\n"
+            f"ENGINE = Distributed('{cluster}', '{db}', '{name}_local', {sharding})")
+    return [local, dist]
+
+
+def apply_schema(client: Any, database: str = DEFAULT_DATABASE,
+                 ttl_days: int = DEFAULT_TTL_DAYS, cluster: str | None = None) -> int:
+    """Run every DDL statement on a clickhouse-connect client; returns how many ran."""
+    statements = render_schema(database, ttl_days, cluster)
+    for stmt in statements:
+        client.command(stmt)
+    return len(statements)
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("schema", help="print kvscope's ClickHouse DDL (single node or "
+                                             "cluster)")
+    p.add_argument("--cluster", help="render ReplicatedMergeTree + Distributed tables, "
+                                     "ON CLUSTER this cluster")
+    p.add_argument("--database", default=DEFAULT_DATABASE, help="database name (kvscope)")
+    p.add_argument("--ttl-days", type=int, default=DEFAULT_TTL_DAYS,
+                   help=f"days rows are kept ({DEFAULT_TTL_DAYS})")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        statements = render_schema(args.database, args.ttl_days, args.cluster)
+    except ValueError as exc:
+        print(f"kvscope schema: {exc}", file=sys.stderr)
+        return 2
+    print(";\n\n".join(statements) + ";")
+    return 0

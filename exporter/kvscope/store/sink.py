@@ -1,0 +1,187 @@
+"""Layer 2 in ClickHouse, through clickhouse-connect only.
+
+One code path for a server (``http://`` / ``https://``) and the embedded engine
+(``chdb:///abs/path``, clickhouse-connect's in-process chDB backend): DDL from
+``kvscope/clickhouse/schema`` applied at connect, every batch inserted as ``FORMAT Arrow``
+with its own ``insert_deduplication_token``. Queueing, spooling and retries live in
+``kvscope.sinks.delivery``; this module only knows how to reach the store and insert one
+batch. Credentials in a DSN never reach a log line, an error or ``stats()``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from kvscope.redact import redact
+from kvscope.sinks.delivery import BatchRejected, Delivery, DeliveryOptions, SinkStats
+from kvscope.sinks.spool import Spool, SpooledBatch
+from kvscope.store import arrow, schema
+from kvscope.store.rows import TABLES
+
+SCHEMA_CODES = {16, 60, 81}
+"""NO_SUCH_COLUMN_IN_TABLE, UNKNOWN_TABLE, UNKNOWN_DATABASE: apply the DDL again."""
+TRANSIENT_CODES = SCHEMA_CODES | {159, 164, 202, 203, 209, 210, 225, 241, 242, 252, 319,
+                                  425, 497, 516, 999}
+"""Server answers that say "not now" (timeouts, overload, read-only, auth, keeper):
+retried for as long as it takes, the spool bounding what waits."""
+REJECT_AFTER = 5
+"""Attempts before a batch the server keeps refusing for another reason is dropped."""
+
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a DSN points, with what a log line may show."""
+
+    dsn: str
+    """What clickhouse-connect connects to (an HTTP DSN without its database path)."""
+    safe: str
+    """The DSN with the password hidden."""
+    database: str | None
+    chdb_path: str | None
+    secret: str
+
+    @classmethod
+    def parse(cls, dsn: str) -> Target:
+        parts = urlsplit(dsn)
+        safe = redact(dsn)
+        if parts.scheme == "chdb":
+            if parts.netloc or not parts.path.startswith("/"):
+                raise ValueError(f"chDB DSN {safe!r} must be chdb:///absolute/path")
+            return cls(dsn, safe, None, parts.path, "")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"ClickHouse DSN {safe!r} must be http(s)://[user[:password]@]"
+                             "host[:port][/database] or chdb:///absolute/path")
+        database = parts.path.strip("/") or None
+        bare = urlunsplit((parts.scheme, parts.netloc, "", parts.query, ""))
+        return cls(bare, safe, database, None, parts.password or "")
+
+    def scrub(self, text: str) -> str:
+        text = redact(text)
+        return text.replace(self.secret, "***") if self.secret else text
+
+
+def default_spool_dir(target: Target) -> str:
+    if target.chdb_path:
+        return target.chdb_path.rstrip("/") + "-spool"
+    state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    host = urlsplit(target.dsn)
+    slug = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{host.hostname}_{host.port or 'default'}")
+    return os.path.join(state, "kvscope", "spool", slug)
+
+
+class ClickHouseSink:
+    """Takes rows of every kvscope table; see kvscope.sinks.delivery for the guarantees."""
+
+    name = "clickhouse"
+
+    def __init__(self, dsn: str, *, database: str | None = None,
+                 ttl_days: int = schema.DEFAULT_TTL_DAYS, cluster: str | None = None,
+                 options: DeliveryOptions | None = None, spool_dir: str | None = None,
+                 connect: Callable[[], Any] | None = None) -> None:
+        errors: list[str] = []
+        try:
+            target: Target | None = Target.parse(dsn)
+        except ValueError as exc:
+            target = None
+            errors.append(str(exc))
+        self.database = database or (target and target.database) or schema.DEFAULT_DATABASE
+        self.options = options or DeliveryOptions()
+        errors += schema.check_names(self.database, ttl_days, cluster) + self.options.validate()
+        if errors or target is None:
+            raise ValueError("invalid ClickHouse sink settings: " + "; ".join(errors))
+        self.target = target
+        self.ttl_days, self.cluster = ttl_days, cluster
+        self._connect = connect or self._default_connect
+        self._client: Any = None
+        self._lock = threading.Lock()
+        self.spool = Spool(spool_dir or default_spool_dir(self.target),
+                           max_bytes=self.options.spool_max_bytes,
+                           policy=self.options.spool_policy, fsync=self.options.fsync)
+        made = schema.table_names()
+        self.tables = frozenset(t for t in TABLES if t in made)
+        self.delivery = Delivery(self.name, sorted(self.tables), arrow.encode, self._send,
+                                 self.spool, self.options, describe=self.describe)
+        self.delivery.start()
+
+    # -- the Sink protocol ---------------------------------------------------------------
+    def accepts(self, table: str) -> bool:
+        return table in self.tables
+
+    def write(self, table: str, row: Any) -> None:
+        self.delivery.take(table, row)
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        return self.delivery.flush(timeout_s)
+
+    def close(self, timeout_s: float = 10.0) -> bool:
+        delivered = self.delivery.close(timeout_s)
+        if self._lock.acquire(timeout=1.0):  # else a connect still hangs on the sending thread
+            try:
+                self._drop_client()
+            finally:
+                self._lock.release()
+        return delivered
+
+    def stats(self) -> SinkStats:
+        return self.delivery.stats()
+
+    def describe(self, exc: BaseException) -> str:
+        return self.target.scrub(f"{type(exc).__name__}: {exc}")[:500]
+
+    # -- the store -----------------------------------------------------------------------
+    def _default_connect(self) -> Any:
+        import clickhouse_connect
+
+        if self.target.chdb_path:
+            os.makedirs(self.target.chdb_path, exist_ok=True)
+            return clickhouse_connect.get_client(dsn=self.target.dsn)
+        return clickhouse_connect.get_client(dsn=self.target.dsn, connect_timeout=5,
+                                             send_receive_timeout=60,
+                                             autogenerate_session_id=False)
+
+    def client(self) -> Any:
+        """A connected client with the schema applied (connects on first use)."""
+        with self._lock:
+            if self._client is None:
+                client = self._connect()
+                try:
+                    schema.apply_schema(client, self.database, self.ttl_days, self.cluster)
+                except Exception:
+                    client.close()
+                    raise
+                self._client = client
+            return self._client
+
+    def _drop_client(self) -> None:
+        if self._client is not None:
+            try:
+                self._client.close()
+            except Exception:  # noqa: BLE001, S110 - it is being discarded
+                pass
+            self._client = None
+
+    def _send(self, batch: SpooledBatch, payload: bytes, attempt: int) -> None:
+        if batch.table not in self.tables:  # spooled by a version with other tables
+            raise BatchRejected(f"no DDL for table {batch.table!r}")
+        settings: dict[str, Any] = {"insert_deduplication_token": batch.token}
+        if self.cluster:
+            settings["distributed_foreground_insert"] = 1  # acknowledged = on the shards
+        try:
+            self.client().raw_insert(f"{self.database}.{batch.table}",
+                                     arrow.column_names(payload), payload,
+                                     settings=settings, fmt="Arrow")
+        except Exception as exc:
+            code = getattr(exc, "code", None)
+            with self._lock:
+                if code is None or code in SCHEMA_CODES:
+                    self._drop_client()  # reconnect (and apply the DDL) on the next attempt
+            if code is not None and code not in TRANSIENT_CODES and attempt + 1 >= REJECT_AFTER:
+                raise BatchRejected(self.describe(exc)) from None
+            raise
