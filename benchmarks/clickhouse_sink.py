@@ -28,7 +28,7 @@ from typing import Any
 
 from _common import machine_noise
 
-from kvscope.sinks.delivery import DeliveryOptions
+from kvscope.sinks.options import DeliveryOptions
 from kvscope.store import arrow, query
 from kvscope.store.rows import RequestTrace, columns
 from kvscope.store.sink import ClickHouseSink

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from kvscope.sinks.delivery import DeliveryOptions
+from kvscope.sinks.options import DeliveryOptions
 
 pytest.importorskip("chdb")
 clickhouse_connect = pytest.importorskip("clickhouse_connect")

@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import replace
 
-from kvscope.sinks.delivery import DeliveryOptions
+from kvscope.sinks.options import DeliveryOptions
 from kvscope.sinks.spool import Spool
 from kvscope.store.sink import ClickHouseSink
 from tests.clickhouse.rowsource import trace

@@ -20,8 +20,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from kvscope.sinks.base import SinkManager
-from kvscope.sinks.delivery import DeliveryOptions
 from kvscope.sinks.metrics import SinkCollector
+from kvscope.sinks.options import DeliveryOptions
 from kvscope.store.rows import table_of
 from kvscope.store.sink import ClickHouseSink
 from kvscope_probe import plugin

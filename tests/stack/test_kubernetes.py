@@ -25,7 +25,7 @@ import yaml
 from alerts.config import Config as AlertsConfig
 from alerts.rules import build
 from kvscope import __version__
-from kvscope.sinks.delivery import DeliveryOptions
+from kvscope.sinks.options import DeliveryOptions
 from tests.stack.dockerfiles import check_copies, missing_local_dependencies
 from tests.stack.kubespec import (
     KUBE,

@@ -13,7 +13,7 @@ from fastapi import FastAPI, Request, Response
 
 from kvscope.decisions.loki import LokiSink, push_payload
 from kvscope.localvllm.server import free_port
-from kvscope.sinks.delivery import DeliveryOptions
+from kvscope.sinks.options import DeliveryOptions
 from kvscope.store.rows import SchedulerDecision
 
 

@@ -23,7 +23,7 @@ from collections import deque
 from datetime import datetime, timezone
 from typing import IO, Any
 
-from kvscope.sinks.delivery import SinkStats
+from kvscope.sinks.base import SinkStats
 from kvscope.store.rows import SchedulerDecision
 
 log = logging.getLogger("kvscope.sinks")

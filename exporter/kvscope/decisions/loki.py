@@ -19,7 +19,9 @@ import httpx
 
 from kvscope.decisions.log import decision_line
 from kvscope.redact import safe_url
-from kvscope.sinks.delivery import BatchRejected, Delivery, DeliveryOptions
+from kvscope.sinks.base import BatchRejected
+from kvscope.sinks.delivery import Delivery
+from kvscope.sinks.options import DeliveryOptions
 from kvscope.sinks.spool import Spool, SpooledBatch
 
 PUSH_PATH = "/loki/api/v1/push"

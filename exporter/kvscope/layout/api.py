@@ -132,6 +132,39 @@ def ui_html() -> str:
     return (resources.files("kvscope.layout") / "ui" / "index.html").read_text("utf-8")
 
 
+def resolve_engine(hub: Hub, engine: str | None) -> str:
+    """The engine key a query names (its key, or a label only one engine has; optional
+    when there is one engine); 422 / 404 otherwise."""
+    with hub.lock:
+        names = sorted(hub.engines)
+        labels = [s.key for s in hub.engines.values() if s.engine == engine]
+    if engine is not None and engine not in names and len(labels) == 1:
+        return labels[0]
+    if engine is None:
+        if len(names) != 1:
+            raise HTTPException(422, f"engine is required; engines: {', '.join(names)}")
+        return names[0]
+    if engine not in names:
+        raise HTTPException(404, f"no engine {engine!r}")
+    return engine
+
+
+def newest_within(snaps: list[Snapshot], limit: int, max_runs: int,
+                  ) -> tuple[list[dict[str, Any]], bool]:
+    """The newest snapshots that fit ``limit`` and ``max_runs`` in all, oldest first, and
+    whether any was left out."""
+    truncated = len(snaps) > limit
+    out, budget = [], max_runs
+    for s in reversed(snaps[-limit:]):
+        if s.runs.shape[0] > budget:
+            truncated = True
+            break
+        budget -= s.runs.shape[0]
+        out.append(snapshot_json(s, max_runs))
+    out.reverse()
+    return out, truncated
+
+
 def layout_router(hub: Hub, sampler: LayoutSampler,
                   store_history: Callable[[str, float, float, int], list[Any]] | None = None,
                   ) -> APIRouter:
@@ -167,17 +200,7 @@ def layout_router(hub: Hub, sampler: LayoutSampler,
         now = time.time()
         t1 = parse_time(until, now, "until")
         t0 = parse_time(since, t1 - 600, "since")
-        with hub.lock:
-            names = sorted(hub.engines)
-            labels = [s.key for s in hub.engines.values() if s.engine == engine]
-        if engine is not None and engine not in names and len(labels) == 1:
-            engine = labels[0]
-        if engine is None:
-            if len(names) != 1:
-                raise HTTPException(422, f"engine is required; engines: {', '.join(names)}")
-            engine = names[0]
-        elif engine not in names:
-            raise HTTPException(404, f"no engine {engine!r}")
+        engine = resolve_engine(hub, engine)
         snaps = sampler.snapshots(engine, t0, t1)
         source = "memory"
         oldest = sampler.oldest_ts(engine)
@@ -188,16 +211,7 @@ def layout_router(hub: Hub, sampler: LayoutSampler,
             except Exception as exc:  # noqa: BLE001 - the store may be down: say so
                 raise HTTPException(503, f"layout history store unavailable: "
                                          f"{type(exc).__name__}") from None
-        truncated = len(snaps) > limit
-        snaps = snaps[-limit:]
-        out, budget = [], max_runs
-        for s in reversed(snaps):  # newest first within the budget, returned oldest first
-            if s.runs.shape[0] > budget:
-                truncated = True
-                break
-            budget -= s.runs.shape[0]
-            out.append(snapshot_json(s, max_runs))
-        out.reverse()
+        out, truncated = newest_within(snaps, limit, max_runs)
         return {"engine": engine, "source": source, "since": t0, "until": t1,
                 "interval_s": sampler.interval_s, "truncated": truncated, "snapshots": out}
 

@@ -9,7 +9,6 @@ for probes; /readyz names the engines and their states, nothing more.
 from __future__ import annotations
 
 import hmac
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,8 +19,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from kvscope import __version__
 from kvscope.sidecar.bodylimit import MAX_BODY_BYTES, BodyLimit
 from kvscope.sidecar.engine import EngineState
+from kvscope.sidecar.health import health_router
 from kvscope.sidecar.hub import Hub
-from kvscope.sidecar.presence import CONNECTED
 from kvscope.sidecar.pressure import PressurePolicy, preempt_rate
 
 OPEN_PATHS = ("/healthz", "/readyz")
@@ -82,20 +81,6 @@ def engine_summary(st: EngineState, hub: Hub) -> dict[str, Any]:
     return out
 
 
-def readiness(hub: Hub) -> tuple[bool, list[dict[str, Any]]]:
-    """Whether the sidecar is ready, and each engine's state (call with the hub lock)."""
-    t = hub.health_timeout_s
-    out = [{"key": s.key, "server": s.server, "engine": s.engine, "model": s.hello.model,
-            "pid": s.hello.pid, "session": s.hello.session,
-            **hub.presence[s.hello.session].as_json(t)} for s in hub.engines.values()]
-    # Heard only through heartbeats since this sidecar started: its hello comes with the
-    # engine's next step.
-    out += [{"key": None, "server": None, "engine": p.engine, "model": None, "pid": None,
-             "session": p.session, **p.as_json(t)} for p in hub.pending.values()]
-    states = [e["state"] for e in out]
-    return any(s in CONNECTED for s in states) and "silent" not in states, out
-
-
 def create_app(
     hub: Hub,
     registry: CollectorRegistry,
@@ -112,47 +97,13 @@ def create_app(
         hub.health_timeout_s = health_timeout_s  # one timeout: the hub's
 
     if token:
-        expected = f"Bearer {token}".encode()
-
-        @app.middleware("http")
-        async def require_token(request: Request, call_next: Any) -> Any:
-            if request.url.path in OPEN_PATHS:
-                return await call_next(request)
-            given = request.headers.get("authorization", "").encode()
-            if request.url.path in QUERY_TOKEN_PATHS and "token" in request.query_params:
-                given = f"Bearer {request.query_params['token']}".encode()
-            if not hmac.compare_digest(given, expected):
-                return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401)
-            return await call_next(request)
+        _require_token(app, token)
 
     @app.get("/metrics", summary="Prometheus exposition of every engine")
     def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    def receiver_ok() -> bool:
-        return receiver_alive() if receiver_alive is not None else True
-
-    @app.get("/healthz", summary="Liveness: 200 while the sidecar itself works")
-    def healthz() -> JSONResponse:
-        ok = receiver_ok()
-        body = {"status": "ok" if ok else "receiver stopped",
-                "uptime_s": round(time.monotonic() - hub.started_monotonic, 3)}
-        return JSONResponse(body, status_code=200 if ok else 503)
-
-    @app.get("/readyz", summary="Readiness: 200 while a probe is connected and none is silent")
-    def readyz() -> JSONResponse:
-        with hub.lock:
-            ready, engines = readiness(hub)
-        if not receiver_ok():
-            status, ready = "receiver stopped", False
-        elif ready:
-            status = "ok"
-        elif any(e["state"] == "silent" for e in engines):
-            status = "probe silent"
-        else:
-            status = "no probe connected"
-        return JSONResponse({"status": status, "health_timeout_s": hub.health_timeout_s,
-                             "engines": engines}, status_code=200 if ready else 503)
+    app.include_router(health_router(hub, receiver_alive))
 
     @app.get("/health/preempt-rate", summary="Preemption pressure for autoscalers and clients")
     def pressure(window: float = Query(60.0, ge=5.0, le=3600.0)) -> dict[str, Any]:
@@ -171,3 +122,20 @@ def create_app(
 
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)  # outermost: before the token
     return app
+
+
+def _require_token(app: FastAPI, token: str) -> None:
+    """Every path but the health checks needs ``Authorization: Bearer <token>``
+    (``/ui`` also takes ``?token=``, which a browser can send)."""
+    expected = f"Bearer {token}".encode()
+
+    @app.middleware("http")
+    async def require_token(request: Request, call_next: Any) -> Any:
+        if request.url.path in OPEN_PATHS:
+            return await call_next(request)
+        given = request.headers.get("authorization", "").encode()
+        if request.url.path in QUERY_TOKEN_PATHS and "token" in request.query_params:
+            given = f"Bearer {request.query_params['token']}".encode()
+        if not hmac.compare_digest(given, expected):
+            return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401)
+        return await call_next(request)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 import uvicorn
 from prometheus_client import CollectorRegistry
@@ -41,30 +42,7 @@ class Sidecar:
         self.cfg = cfg
         keyer = Keyer(load_or_create(cfg.hash_key_file, cfg.data_dir))  # never logged
         self.hub = Hub(health_timeout_s=cfg.health_timeout_s)
-        self.sinks = SinkManager()
-        if cfg.decision_log != "off":
-            path = None if cfg.decision_log == "-" else cfg.decision_log
-            self.sinks.add(DecisionLog(path, max_bytes=cfg.decision_log_max_bytes))
-        if cfg.loki_url:
-            self.sinks.add(LokiSink(cfg.loki_url, f"{cfg.data_dir}/spool-loki",
-                                    tenant=cfg.loki_tenant))
-        dsn = cfg.store_dsn()
-        store: ClickHouseSink | None = None
-        if dsn is not None:
-            store = ClickHouseSink(dsn, ttl_days=cfg.clickhouse_ttl_days,
-                                   spool_dir=f"{cfg.data_dir}/spool")
-            if dsn.startswith("chdb://"):
-                # An embedded store that cannot open (another process holds the directory)
-                # is a configuration error: say so now instead of spooling forever.
-                try:
-                    store.client()
-                except Exception as exc:
-                    store.close(1.0)
-                    raise RuntimeError(
-                        f"cannot open the embedded ClickHouse store in {cfg.data_dir} "
-                        f"({type(exc).__name__}); is another kvscope using it? "
-                        "Use --data-dir or --clickhouse-dsn") from None
-            self.sinks.add(store)
+        self.sinks, store = open_sinks(cfg)
         self.clients = ClientJoin(self.sinks.emit, keyer=keyer)
         self.tracker = RequestTracker(self._route)
         self.hub.listeners.append(self.tracker.on_event)
@@ -101,19 +79,7 @@ class Sidecar:
         # server.run() is guaranteed to run: flush from the app's shutdown instead.
         self.app.router.on_shutdown.append(self.stop_workers)
         self._stopped = False
-        self.server = uvicorn.Server(
-            uvicorn.Config(
-                self.app,
-                host=cfg.host,
-                port=cfg.port,
-                log_level=cfg.log_level.lower(),
-                access_log=False,
-                limit_concurrency=256,
-                timeout_graceful_shutdown=5,
-                ssl_certfile=cfg.tls_cert,
-                ssl_keyfile=cfg.tls_key,
-            )
-        )
+        self.server = uvicorn.Server(_uvicorn_config(cfg, self.app))
         self._thread: threading.Thread | None = None
 
     def _route(self, row: object) -> None:
@@ -166,3 +132,44 @@ class Sidecar:
             self.clients.flush()
         self.sinks.close()
         log.info("kvscope sidecar stopped")
+
+
+def open_sinks(cfg: ServeConfig) -> tuple[SinkManager, ClickHouseSink | None]:
+    """Every sink ``cfg`` asks for (decision log, Loki, ClickHouse), the store apart too."""
+    sinks = SinkManager()
+    if cfg.decision_log != "off":
+        path = None if cfg.decision_log == "-" else cfg.decision_log
+        sinks.add(DecisionLog(path, max_bytes=cfg.decision_log_max_bytes))
+    if cfg.loki_url:
+        sinks.add(LokiSink(cfg.loki_url, f"{cfg.data_dir}/spool-loki", tenant=cfg.loki_tenant))
+    dsn = cfg.store_dsn()
+    if dsn is None:
+        return sinks, None
+    store = ClickHouseSink(dsn, ttl_days=cfg.clickhouse_ttl_days, spool_dir=f"{cfg.data_dir}/spool")
+    if dsn.startswith("chdb://"):
+        # An embedded store that cannot open (another process holds the directory) is a
+        # configuration error: say so now instead of spooling forever.
+        try:
+            store.client()
+        except Exception as exc:
+            store.close(1.0)
+            raise RuntimeError(
+                f"cannot open the embedded ClickHouse store in {cfg.data_dir} "
+                f"({type(exc).__name__}); is another kvscope using it? "
+                "Use --data-dir or --clickhouse-dsn") from None
+    sinks.add(store)
+    return sinks, store
+
+
+def _uvicorn_config(cfg: ServeConfig, app: Any) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=cfg.host,
+        port=cfg.port,
+        log_level=cfg.log_level.lower(),
+        access_log=False,
+        limit_concurrency=256,
+        timeout_graceful_shutdown=5,
+        ssl_certfile=cfg.tls_cert,
+        ssl_keyfile=cfg.tls_key,
+    )

@@ -7,6 +7,7 @@ spools, and does its I/O on its own thread. Every sink counts what it wrote and 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kvscope.store.rows import table_of
@@ -60,3 +61,29 @@ class SinkManager:
                 sink.close(timeout_s)
             except Exception:  # noqa: BLE001
                 log.exception("closing sink %s failed", sink.name)
+
+
+class BatchRejected(Exception):
+    """The store refused this batch for good (its data, not the store's state): the batch is
+    dropped and its rows counted, so one bad batch cannot block the ones behind it."""
+
+
+@dataclass(frozen=True)
+class SinkStats:
+    """A sink's own health, read by kvscope.sinks.metrics.SinkCollector."""
+
+    rows_written: dict[str, int]
+    """Rows the store acknowledged, by table."""
+    rows_dropped: dict[str, int]
+    """Rows given up (queue overflow, full spool, rejected batch), by table."""
+    errors: int
+    """Failed attempts to deliver or spool a batch."""
+    spool_bytes: int
+    spool_batches: int
+    oldest_unsent_age_seconds: float
+    """Age of the oldest row taken but not yet acknowledged by the store (0: none)."""
+    queued_rows: int
+    """Rows in memory, not yet spooled."""
+    connected: bool
+    """The last delivery attempt succeeded (or none was needed yet)."""
+    last_error: str = ""

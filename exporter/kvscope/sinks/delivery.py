@@ -15,7 +15,6 @@ timeout, delivered.
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 import uuid
@@ -24,7 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvscope.sinks.spool import FullPolicy, Spool, SpooledBatch
+from kvscope.sinks.base import BatchRejected, SinkStats
+from kvscope.sinks.options import Backoff, DeliveryOptions
+from kvscope.sinks.spool import Spool, SpooledBatch
 
 log = logging.getLogger("kvscope.sinks")
 
@@ -32,82 +33,6 @@ Encode = Callable[[str, list[Any]], bytes]
 """Turns one table's rows into the bytes that are spooled and sent."""
 Send = Callable[[SpooledBatch, bytes, int], None]
 """Delivers one batch (its spooled bytes, the attempt number from 0); raises on failure."""
-
-
-class BatchRejected(Exception):
-    """The store refused this batch for good (its data, not the store's state): the batch is
-    dropped and its rows counted, so one bad batch cannot block the ones behind it."""
-
-
-@dataclass(frozen=True)
-class DeliveryOptions:
-    batch_rows: int = 10_000
-    """Seal a table's batch at this many rows."""
-    batch_interval_s: float = 1.0
-    """...or when its first row is this old."""
-    max_queue_rows: int = 200_000
-    """Rows of one table held in memory before they reach the spool; more are dropped and
-    counted (only when the disk cannot keep up)."""
-    spool_max_bytes: int = 256 << 20
-    """Bound of the on-disk spool."""
-    spool_policy: FullPolicy = "drop_oldest"
-    """What a full spool gives up: its oldest batch, or the incoming one."""
-    backoff_initial_s: float = 0.2
-    backoff_max_s: float = 30.0
-    fsync: bool = True
-    """fsync each spooled batch (off only for benchmarks and tests)."""
-
-    def validate(self) -> list[str]:
-        errors = []
-        if self.batch_rows < 1:
-            errors.append("batch_rows must be at least 1")
-        if self.batch_interval_s <= 0:
-            errors.append("batch_interval_s must be positive")
-        if self.max_queue_rows < self.batch_rows:
-            errors.append("max_queue_rows must be at least batch_rows")
-        if self.spool_max_bytes < 1 << 16:
-            errors.append("spool_max_bytes must be at least 64 KiB")
-        if self.spool_policy not in ("drop_oldest", "drop_newest"):
-            errors.append("spool_policy must be drop_oldest or drop_newest")
-        if not 0 < self.backoff_initial_s <= self.backoff_max_s:
-            errors.append("backoff must satisfy 0 < initial <= max")
-        return errors
-
-
-@dataclass(frozen=True)
-class SinkStats:
-    """A sink's own health, read by kvscope.sinks.metrics.SinkCollector."""
-
-    rows_written: dict[str, int]
-    """Rows the store acknowledged, by table."""
-    rows_dropped: dict[str, int]
-    """Rows given up (queue overflow, full spool, rejected batch), by table."""
-    errors: int
-    """Failed attempts to deliver or spool a batch."""
-    spool_bytes: int
-    spool_batches: int
-    oldest_unsent_age_seconds: float
-    """Age of the oldest row taken but not yet acknowledged by the store (0: none)."""
-    queued_rows: int
-    """Rows in memory, not yet spooled."""
-    connected: bool
-    """The last delivery attempt succeeded (or none was needed yet)."""
-    last_error: str = ""
-
-
-class Backoff:
-    """Exponential backoff with jitter (half to full of the step)."""
-
-    def __init__(self, initial_s: float, max_s: float) -> None:
-        self.initial_s, self.max_s, self.n = initial_s, max_s, 0
-
-    def next(self) -> float:
-        step = min(self.max_s, self.initial_s * 2 ** min(self.n, 30))
-        self.n += 1
-        return step * (0.5 + random.random() / 2)
-
-    def reset(self) -> None:
-        self.n = 0
 
 
 @dataclass

@@ -19,7 +19,9 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from kvscope.redact import redact
-from kvscope.sinks.delivery import BatchRejected, Delivery, DeliveryOptions, SinkStats
+from kvscope.sinks.base import BatchRejected, SinkStats
+from kvscope.sinks.delivery import Delivery
+from kvscope.sinks.options import DeliveryOptions
 from kvscope.sinks.spool import Spool, SpooledBatch
 from kvscope.store import arrow, schema
 from kvscope.store.rows import TABLES
