@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from kvscope.layout.history import clickhouse_history, to_row
-from kvscope.layout.sampler import LayoutSampler, layout_rows
+from kvscope.layout.history import clickhouse_history, layout_rows, to_row
+from kvscope.layout.sampler import LayoutSampler
 from kvscope.store import arrow, schema
 from tests.unit.test_layout import F, N, U, pool
 

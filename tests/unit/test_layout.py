@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kvscope.layout.sampler import LayoutSampler, decode_runs, encode_runs, layout_rows
+from kvscope.layout.history import layout_rows
+from kvscope.layout.sampler import LayoutSampler, decode_runs, encode_runs
 from kvscope.layout.snapshot import fragments
 from kvscope.sidecar.hub import Hub
 from kvscope_probe import wire

@@ -23,7 +23,8 @@ DB = "kvscope_layout_test"
 def check(data_dir: str) -> dict[str, Any]:
     import clickhouse_connect
 
-    from kvscope.layout.sampler import LayoutSampler, layout_rows
+    from kvscope.layout.history import layout_rows
+    from kvscope.layout.sampler import LayoutSampler
     from kvscope_probe import wire
     from tests.unit.test_hub import feed
     from tests.unit.test_layout import C, F, N, U, pool

@@ -6,8 +6,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from kvscope.layout.api import snapshot_json
-from kvscope.layout.history import COLUMNS, snapshot_from_row
-from kvscope.layout.sampler import LayoutSampler, layout_rows
+from kvscope.layout.history import COLUMNS, layout_rows, snapshot_from_row
+from kvscope.layout.sampler import LayoutSampler
 from kvscope.layout.snapshot import GroupTable, table_runs
 from tests.unit.test_layout import C, F, N, U, pool
 from tests.unit.test_layout_api import valid

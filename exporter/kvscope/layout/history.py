@@ -1,4 +1,5 @@
-"""Layout history older than the sampler's memory, read back from ClickHouse."""
+"""Layout history in ClickHouse ``layout_snapshots``: each sampled snapshot as a row, and the
+rows read back when a query reaches past the sampler's memory."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from kvscope.layout.snapshot import GroupTable, Owner, Snapshot, encode_runs
+from kvscope.layout.snapshot import GroupTable, Owner, Snapshot, decode_runs, encode_runs
 from kvscope.store.rows import LayoutSnapshotRow
 from kvscope_probe import wire
 
@@ -17,6 +18,43 @@ COLUMNS = ("ts, model, engine, session, step, num_blocks, free_blocks, cached_bl
            "owner_fragments, owner_group_runs, server")
 
 StoreHistory = Callable[[str, float, float, int], list[Snapshot]]
+
+
+def layout_rows(snap: Snapshot) -> list[dict[str, Any]]:
+    """Rows of ``layout_snapshots`` (clickhouse/schema/050_layout_snapshots.sql) for one
+    snapshot: one row, as a list so a sink can extend its batch. ``states``,
+    ``block_group`` (-1 shared) and ``owner`` have one entry per block; ``owner`` is
+    1-based as ClickHouse arrays are: 0 none, i means ``owner_req_ids[i]``;
+    ``owner_group_runs`` holds, per owner and group, its table's runs flattened (first,
+    length, first, length, ...). ``ts`` is epoch
+    seconds (float) as in ``kvscope.store.rows``; the writer makes it a DateTime64."""
+    states, owner, group = decode_runs(snap.runs)
+    return [{
+        "ts": snap.ts,
+        "model": snap.model,
+        "engine": snap.engine,
+        "session": snap.session,
+        "step": snap.step,
+        "num_blocks": snap.num_blocks,
+        "free_blocks": snap.free_blocks,
+        "cached_blocks": snap.cached_blocks,
+        "used_blocks": snap.used_blocks,
+        "max_contiguous_free": snap.max_contiguous_free,
+        "budget_utilization": (-1.0 if snap.budget_utilization is None
+                               else float(snap.budget_utilization)),
+        "running": snap.running,
+        "waiting": snap.waiting,
+        "kv_group_kinds": [g.kind for g in snap.kv_groups],
+        "states": states.tolist(),
+        "block_group": group.astype(np.int8).tolist(),
+        "owner": (owner + 1).astype(np.uint32).tolist(),
+        "owner_req_ids": [o.req_id for o in snap.owners],
+        "owner_blocks": [o.blocks for o in snap.owners],
+        "owner_fragments": [o.fragments for o in snap.owners],
+        "owner_group_runs": [[[x for r in t.runs for x in r] for t in o.groups]
+                             for o in snap.owners],
+        "server": snap.server,
+    }]
 
 
 def to_row(d: dict[str, Any]) -> LayoutSnapshotRow:

@@ -21,12 +21,10 @@ from kvscope.layout.snapshot import (
     build_snapshot,
     decode_runs,
     encode_runs,
-    layout_rows,
 )
 from kvscope.sidecar.hub import Hub
 
-__all__ = ["LayoutSampler", "Owner", "Point", "Snapshot", "decode_runs", "encode_runs",
-           "layout_rows"]
+__all__ = ["LayoutSampler", "Owner", "Point", "Snapshot", "decode_runs", "encode_runs"]
 
 log = logging.getLogger("kvscope.sidecar")
 
@@ -47,7 +45,8 @@ class LayoutSampler:
     ``tick()`` does one round (tests call it directly); ``start()`` runs it on a daemon
     thread. Per engine it keeps up to ``history`` snapshots within ``history_bytes`` (so a
     128k-block pool keeps fewer) and ``history`` sparkline points. ``subscribe(fn)`` gets
-    every new snapshot (a ClickHouse sink: ``fn = lambda s: [emit(r) for r in layout_rows(s)]``).
+    every new snapshot (a ClickHouse sink: ``fn = lambda s: [emit(r) for r in layout_rows(s)]``,
+    ``layout_rows`` from ``kvscope.layout.history``).
     """
 
     def __init__(self, hub: Hub, interval_s: float = 1.0, history: int = 600,

@@ -12,9 +12,8 @@ from prometheus_client import CollectorRegistry
 from kvscope.decisions.log import DecisionLog
 from kvscope.decisions.loki import LokiSink
 from kvscope.layout.api import layout_router
-from kvscope.layout.history import clickhouse_history, to_row
+from kvscope.layout.history import clickhouse_history, layout_rows, to_row
 from kvscope.layout.sampler import LayoutSampler
-from kvscope.layout.snapshot import layout_rows
 from kvscope.sidecar.app import create_app
 from kvscope.sidecar.clients import ClientJoin
 from kvscope.sidecar.config import ServeConfig
