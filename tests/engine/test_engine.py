@@ -129,7 +129,7 @@ class LoadWatcher(threading.Thread):
 
 @pytest.fixture(scope="module")
 def first_engine(engine_stack: EngineStack) -> dict[str, Any]:
-    """Send one completion (the probe attaches on the first scheduler call) and return the
+    """Send one completion (the probe attached when vLLM built its scheduler) and return the
     sidecar's summary of engine "0" once its ledger is in sync."""
     response = httpx.post(
         f"{engine_stack.vllm.url}/v1/completions", timeout=60.0, trust_env=False,

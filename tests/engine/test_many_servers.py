@@ -88,6 +88,18 @@ def first_request(server: VllmServer) -> None:
         "model": "tiny", "prompt": "w1 w2 w3", "max_tokens": 4}).raise_for_status()
 
 
+def test_both_engines_are_ready_and_in_sync_before_any_request(two: Two) -> None:
+    """The probe says hello (and sends a keyframe) when vLLM builds its scheduler, so an
+    engine that has served nothing is ready, and its pool is known, before any traffic."""
+    wait_until("both engines heard", lambda: len(two.engines()) == 2, 30)
+    engines = two.engines()
+    assert all(e["synced"] and e["steps"] == 0 for e in engines.values()), engines
+    assert all(e["free_blocks"] == NUM_BLOCKS - 1 for e in engines.values()), engines
+    r = two.side.get("/readyz")
+    assert r.status_code == 200, r.text
+    assert {e["key"] for e in r.json()["engines"]} == {two.key(s) for s in two.servers}
+
+
 def test_each_server_is_its_own_engine_by_default(two: Two) -> None:
     for s in two.servers:
         first_request(s)

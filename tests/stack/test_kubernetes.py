@@ -198,6 +198,14 @@ def test_secrets_spool_and_security_context(rendered: dict[str, list[Obj]]) -> N
         assert refs["KVSCOPE_TOKEN"] == {"name": "kvscope", "key": "token"}
         assert refs["KVSCOPE_CLICKHOUSE_DSN"] == {"name": "kvscope", "key": "clickhouse-dsn"}
         volumes = {v["name"]: v for v in spec["volumes"]}
+        key_dir, key_file = flag(side, "--hash-key-file").rsplit("/", 1)
+        key_volume = volumes[mounts(side)[key_dir]["name"]]["secret"]
+        assert key_volume["secretName"] == "kvscope" and "optional" not in key_volume
+        assert key_volume["items"] == [{"key": "hash-key", "path": key_file}]
+        assert key_volume["defaultMode"] == 0o440 and spec["securityContext"]["fsGroup"] == 10001
+        assert not any(m["name"] == mounts(side)[key_dir]["name"]
+                       for c in containers(spec).values() if c is not side
+                       for m in c.get("volumeMounts", ())), "the hash key is the sidecar's alone"
         spool = volumes[mounts(side)[flag(side, "--data-dir")]["name"]]["emptyDir"]
         assert _bytes(spool["sizeLimit"]) >= spool_limit
         uids = set()
