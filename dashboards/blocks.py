@@ -31,8 +31,17 @@ def engine_variables(cfg: Config, *, all_: bool = True) -> list[db.QueryVariable
     ]
 
 
-def rate(cfg: Config, counter: str, by: str = "server, engine", *matchers: str) -> str:
-    return f"sum by ({by}) (rate({cfg.m(counter, *matchers)}[$__rate_interval]))"
+def rate(cfg: Config, counter: str, by: str = "server, engine", *matchers: str,
+         engine: bool = True) -> str:
+    """``sum by (by) (rate(counter{selector}[$__rate_interval]))``; ``engine=False`` for
+    series without the engine labels (the sidecar's own, the clients')."""
+    sel = cfg.m(counter, *matchers, engine=engine)
+    return f"sum by ({by}) (rate({sel}[$__rate_interval]))"
+
+
+def increase(cfg: Config, counter: str) -> str:
+    """Per engine, how much ``counter`` grew in each interval (a count that should stay 0)."""
+    return f"sum by (server, engine) (increase({cfg.m(counter)}[$__rate_interval]))"
 
 
 def build(cfg: Config) -> p.Board:
@@ -227,18 +236,15 @@ def probe_health(cfg: Config) -> list[p.Panel]:
                 p.prom(f"sum(rate(kvscope_probe_records_received_total{job}[$__rate_interval]))",
                        "received"),
                 p.prom(rate(cfg, "kvscope_probe_records_dropped_total"), ID + " dropped"),
-                p.prom(f"sum by (reason) (rate(kvscope_probe_frames_rejected_total{job}"
-                       "[$__rate_interval]))", "rejected {{reason}}"),
+                p.prom(rate(cfg, "kvscope_probe_frames_rejected_total", "reason", engine=False),
+                       "rejected {{reason}}"),
                 unit="ops"),
         p.graph("Ledger gaps, mismatches, probe faults",
                 "Should stay 0: gaps in the record sequence, failed self-checks of the "
                 "ledger, errors the probe contained inside vLLM.",
-                p.prom(f"sum by (server, engine) (increase({m('kvscope_ledger_gaps_total')}"
-                       "[$__rate_interval]))", ID + " gaps"),
-                p.prom(f"sum by (server, engine) (increase({m('kvscope_ledger_mismatches_total')}"
-                       "[$__rate_interval]))", ID + " mismatches"),
-                p.prom(f"sum by (server, engine) (increase({m('kvscope_probe_faults_total')}"
-                       "[$__rate_interval]))", ID + " faults")),
+                p.prom(increase(cfg, "kvscope_ledger_gaps_total"), ID + " gaps"),
+                p.prom(increase(cfg, "kvscope_ledger_mismatches_total"), ID + " mismatches"),
+                p.prom(increase(cfg, "kvscope_probe_faults_total"), ID + " faults")),
     ]
 
 
@@ -247,15 +253,15 @@ def sink_health(cfg: Config) -> list[p.Panel]:
     job = cfg.sel(engine=False)
     return [
         p.graph("Sink rows written", "Rows each sink's store acknowledged, by table.",
-                p.prom(f"sum by (sink, table) (rate(kvscope_sink_rows_written_total{job}"
-                       "[$__rate_interval]))", "{{sink}} {{table}}"),
+                p.prom(rate(cfg, "kvscope_sink_rows_written_total", "sink, table", engine=False),
+                       "{{sink}} {{table}}"),
                 unit="rowsps", w=8),
         p.graph("Sink errors and dropped rows",
                 "Failed attempts to spool or deliver a batch; rows given up.",
-                p.prom(f"sum by (sink) (rate(kvscope_sink_errors_total{job}[$__rate_interval]))",
+                p.prom(rate(cfg, "kvscope_sink_errors_total", "sink", engine=False),
                        "{{sink}} errors"),
-                p.prom(f"sum by (sink, table) (rate(kvscope_sink_rows_dropped_total{job}"
-                       "[$__rate_interval]))", "{{sink}} {{table}} dropped"),
+                p.prom(rate(cfg, "kvscope_sink_rows_dropped_total", "sink, table", engine=False),
+                       "{{sink}} {{table}} dropped"),
                 unit="ops", w=8),
         p.graph("Sink spool", "Bytes waiting in the on-disk spool. Right axis: age of the "
                 "oldest row the store has not acknowledged.",

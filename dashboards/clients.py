@@ -8,21 +8,22 @@ from typing import Any
 
 from dashboards import clickhouse as sql
 from dashboards import panels as p
-from dashboards.blocks import engine_variables
+from dashboards.blocks import engine_variables, rate
 from dashboards.config import Config
 from dashboards.panels import ID
 
 CLIENT = 'client=~"$client"'
 
 
-def rate(cfg: Config, counter: str, by: str, *matchers: str) -> str:
-    sel = cfg.m(counter, *matchers, engine=False)
-    return f"sum by ({by}) (rate({sel}[$__rate_interval]))"
+def client_rate(cfg: Config, counter: str, by: str, *matchers: str) -> str:
+    """A rate of the client series, which carry no engine labels."""
+    return rate(cfg, counter, by, *matchers, engine=False)
 
 
 def ratio(cfg: Config, num: str, den: str, by: str, *matchers: str) -> str:
     """``rate(num) / (rate(den) > 0)`` summed by ``by``: no NaN while nothing was answered."""
-    return f"{rate(cfg, num, by, *matchers)}\n/\n({rate(cfg, den, by, *matchers)} > 0)"
+    return (f"{client_rate(cfg, num, by, *matchers)}\n/\n"
+            f"({client_rate(cfg, den, by, *matchers)} > 0)")
 
 
 def build(cfg: Config) -> p.Board:
@@ -83,23 +84,24 @@ def traffic_and_duplicates(cfg: Config) -> list[p.Panel]:
     """Who sends what: requests and duplicate submissions, and how events join traces."""
     return [
         p.graph("Requests by client", "API requests answered per second.",
-                p.prom(rate(cfg, "kvscope_client_requests_total", "client", CLIENT), "{{client}}"),
+                p.prom(client_rate(cfg, "kvscope_client_requests_total", "client", CLIENT),
+                       "{{client}}"),
                 unit="reqps", w=8),
         p.graph("Duplicate submissions by client",
                 "Requests repeating the same client's prompt within the duplicate window: a "
                 "rise with preemptions is a retry storm.",
-                p.prom(rate(cfg, "kvscope_client_duplicate_requests_total", "client", CLIENT),
-                       "{{client}}"),
+                p.prom(client_rate(cfg, "kvscope_client_duplicate_requests_total", "client",
+                                   CLIENT), "{{client}}"),
                 unit="reqps", w=8),
         p.graph("Requests by user agent", "API requests answered per second.",
-                p.prom(rate(cfg, "kvscope_user_agent_requests_total", "user_agent"),
+                p.prom(client_rate(cfg, "kvscope_user_agent_requests_total", "user_agent"),
                        "{{user_agent}}"),
                 unit="reqps", w=8),
         p.graph("Joins of client events to traces",
                 "Traces joined to a client event; middleware-tagged traces written without "
                 "one (the event never arrived); label values refused a series.",
-                p.prom(rate(cfg, "kvscope_client_traces_joined_total", "job"), "joined"),
-                p.prom(rate(cfg, "kvscope_client_traces_unjoined_total", "job"), "unjoined"),
+                p.prom(client_rate(cfg, "kvscope_client_traces_joined_total", "job"), "joined"),
+                p.prom(client_rate(cfg, "kvscope_client_traces_unjoined_total", "job"), "unjoined"),
                 p.prom(f"sum by (label) (increase("
                        f"{cfg.m('kvscope_client_label_overflow_total', engine=False)}"
                        "[$__rate_interval]))", "overflow {{label}}"),
