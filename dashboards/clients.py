@@ -8,9 +8,10 @@ from typing import Any
 
 from dashboards import clickhouse as sql
 from dashboards import panels as p
-from dashboards.blocks import engine_variables, rate
+from dashboards.blocks import engine_variables
 from dashboards.config import Config
 from dashboards.panels import ID
+from dashboards.promql import rate
 
 CLIENT = 'client=~"$client"'
 
