@@ -11,7 +11,9 @@ from grafana_foundation_sdk.builders import dashboard as db
 
 from dashboards import panels as p
 from dashboards.config import Config
+from dashboards.health import probe_health, sink_health, vllm_health
 from dashboards.panels import ID
+from dashboards.promql import rate
 
 ENGINE_SERIES = 'vllm_scheduler_running_requests{job="kvscope"}'
 """Exported for probe-fed and coarse (vLLM /metrics only) engines alike."""
@@ -31,16 +33,24 @@ def engine_variables(cfg: Config, *, all_: bool = True) -> list[db.QueryVariable
     ]
 
 
-def rate(cfg: Config, counter: str, by: str = "server, engine", *matchers: str) -> str:
-    return f"sum by ({by}) (rate({cfg.m(counter, *matchers)}[$__rate_interval]))"
-
-
 def build(cfg: Config) -> p.Board:
     b = p.Board(cfg, cfg.uids.blocks, "kvscope / Blocks overview",
                 "Budget vs blocks: why vLLM preempts while the token budget looks idle.")
     b.variables(p.datasource("prometheus", "Prometheus"), *engine_variables(cfg))
+    b.row("Now").add(*now(cfg))
+    b.row("Budget vs blocks").add(budget_vs_blocks(cfg))
+    b.row("Pool").add(*pool(cfg))
+    b.row("Preemptions").add(*preemptions(cfg))
+    b.row("Tail waste").add(*tail_waste(cfg))
+    b.row("GPU and engine process").add(*gpu_and_engine_process(cfg))
+    b.row("kvscope health").add(*probe_health(cfg), *sink_health(cfg), *vllm_health(cfg))
+    return b
+
+
+def now(cfg: Config) -> list[p.Panel]:
+    """The figures to read first: free blocks, budget used, preemptions."""
     m, a = cfg.m, cfg.alerts
-    b.row("Now").add(
+    return [
         p.single("Free KV blocks", "Free blocks of the pool now, evictable prefix-cache "
                  "blocks included (what allocation checks).",
                  p.prom(f"sum({m('vllm_scheduler_free_blocks')})")),
@@ -60,8 +70,13 @@ def build(cfg: Config) -> p.Board:
                         f"{m('engine:vllm_scheduler_preemptions_per_request:ratio_rate5m')})"),
                  unit="percentunit", steps=[(None, "green"), (a.preemption_rate_warning,
                                             "orange"), (a.preemption_rate_critical, "red")]),
-    )
-    b.row("Budget vs blocks").add(p.graph(
+    ]
+
+
+def budget_vs_blocks(cfg: Config) -> p.Panel:
+    """The question first: is the budget idle while the blocks ran out?"""
+    m = cfg.m
+    return p.graph(
         "Token budget used vs free and longest free run",
         "Left axis: share of the per-step token budget (--max-num-batched-tokens) that was "
         "scheduled. Right axis: free blocks and the longest run of consecutive free block "
@@ -74,8 +89,13 @@ def build(cfg: Config) -> p.Board:
         p.prom(m("vllm_scheduler_free_blocks"), ID + " free blocks"),
         p.prom(m("vllm_scheduler_max_contiguous_free_blocks"), ID + " max contiguous free"),
         unit="percentunit", w=24, h=9, right="/free/", right_unit="short", minimum=0,
-    ))
-    b.row("Pool").add(
+    )
+
+
+def pool(cfg: Config) -> list[p.Panel]:
+    """Where the blocks are: held, free, cached; what the queue head waits for."""
+    m = cfg.m
+    return [
         p.graph("Used, free and cached blocks",
                 "The pool stacked: blocks held by requests, free blocks without data, and free "
                 "blocks that still hold prefix-cache data (evicted on reuse).",
@@ -105,8 +125,13 @@ def build(cfg: Config) -> p.Board:
                 p.prom(m("vllm_scheduler_kv_token_occupancy_ratio"),
                        ID + " token occupancy"),
                 unit="percentunit", minimum=0, maximum=1),
-    )
-    b.row("Preemptions").add(
+    ]
+
+
+def preemptions(cfg: Config) -> list[p.Panel]:
+    """Preemptions by reason and per request; the work they threw away."""
+    m, a = cfg.m, cfg.alerts
+    return [
         p.graph("Preemptions by reason",
                 "kv_full: the failed allocation needed more blocks than were free. priority: "
                 "displaced for a higher-priority request. unknown: nothing recorded explains "
@@ -138,8 +163,13 @@ def build(cfg: Config) -> p.Board:
                 p.prom(rate(cfg, "vllm_scheduler_requests_ended_total", "server, engine, status"),
                        ID + " {{status}}"),
                 unit="reqps"),
-    )
-    b.row("Tail waste").add(
+    ]
+
+
+def tail_waste(cfg: Config) -> list[p.Panel]:
+    """Token slots reserved in the last blocks of requests but not filled."""
+    m = cfg.m
+    return [
         p.graph("Tail waste",
                 "Token slots reserved but not filled in the last blocks of running requests.",
                 p.prom(m("vllm_scheduler_tail_waste_tokens"), ID + " tokens")),
@@ -147,9 +177,13 @@ def build(cfg: Config) -> p.Board:
                 "Unfilled token slots per block held; compare with the block size.",
                 p.prom(f"{m('vllm_scheduler_tail_waste_tokens')} / "
                        f"({m('vllm_scheduler_used_blocks')} > 0)", ID)),
-    )
-    gpu = cfg.sel(engine=False)
-    b.row("GPU and engine process").add(
+    ]
+
+
+def gpu_and_engine_process(cfg: Config) -> list[p.Panel]:
+    """The GPUs (NVML) and the EngineCore process on the sidecar's host."""
+    m, gpu = cfg.m, cfg.sel(engine=False)
+    return [
         p.graph("GPU memory",
                 "NVML, per GPU of the sidecar's host. Absent without a GPU (the sidecar logs "
                 "why once).",
@@ -166,72 +200,4 @@ def build(cfg: Config) -> p.Board:
                        "[$__rate_interval])", ID + " CPU cores"),
                 p.prom(m("kvscope_engine_process_resident_memory_bytes"), ID + " RSS"),
                 w=8, right="/RSS/", right_unit="bytes"),
-    )
-    health(cfg, b)
-    return b
-
-
-def health(cfg: Config, b: p.Board) -> None:
-    """kvscope's own health: probe, receiver, ledger, sinks, reconciliation with vLLM."""
-    m, job = cfg.m, cfg.sel(engine=False)
-    b.row("kvscope health").add(
-        p.graph("Probe connected and ledger in sync",
-                "1 while the probe sent a record within the health timeout; 1 while the "
-                "rebuilt pool is exact (0 after a gap until the next keyframe).",
-                p.prom(m("kvscope_probe_connected"), ID + " probe connected"),
-                p.prom(m("kvscope_ledger_synced"), ID + " ledger synced"),
-                w=8, minimum=0, maximum=1, step=True),
-        p.graph("Seconds since the last probe record", "Per engine.",
-                p.prom(m("kvscope_probe_last_record_age_seconds"), ID),
-                unit="s", w=8),
-        p.graph("Probe cost", "Engine-thread time the probe spent / time in schedule().",
-                p.prom(m("engine:kvscope_probe_overhead:ratio_rate5m"), ID),
-                unit="percentunit", w=8),
-        p.graph("Records received, dropped, rejected",
-                "Probe records the receiver accepted; records the probe dropped rather than "
-                "block vLLM; frames refused by reason.",
-                p.prom(f"sum(rate(kvscope_probe_records_received_total{job}[$__rate_interval]))",
-                       "received"),
-                p.prom(rate(cfg, "kvscope_probe_records_dropped_total"), ID + " dropped"),
-                p.prom(f"sum by (reason) (rate(kvscope_probe_frames_rejected_total{job}"
-                       "[$__rate_interval]))", "rejected {{reason}}"),
-                unit="ops"),
-        p.graph("Ledger gaps, mismatches, probe faults",
-                "Should stay 0: gaps in the record sequence, failed self-checks of the "
-                "ledger, errors the probe contained inside vLLM.",
-                p.prom(f"sum by (server, engine) (increase({m('kvscope_ledger_gaps_total')}"
-                       "[$__rate_interval]))", ID + " gaps"),
-                p.prom(f"sum by (server, engine) (increase({m('kvscope_ledger_mismatches_total')}"
-                       "[$__rate_interval]))", ID + " mismatches"),
-                p.prom(f"sum by (server, engine) (increase({m('kvscope_probe_faults_total')}"
-                       "[$__rate_interval]))", ID + " faults")),
-        p.graph("Sink rows written", "Rows each sink's store acknowledged, by table.",
-                p.prom(f"sum by (sink, table) (rate(kvscope_sink_rows_written_total{job}"
-                       "[$__rate_interval]))", "{{sink}} {{table}}"),
-                unit="rowsps", w=8),
-        p.graph("Sink errors and dropped rows",
-                "Failed attempts to spool or deliver a batch; rows given up.",
-                p.prom(f"sum by (sink) (rate(kvscope_sink_errors_total{job}[$__rate_interval]))",
-                       "{{sink}} errors"),
-                p.prom(f"sum by (sink, table) (rate(kvscope_sink_rows_dropped_total{job}"
-                       "[$__rate_interval]))", "{{sink}} {{table}} dropped"),
-                unit="ops", w=8),
-        p.graph("Sink spool", "Bytes waiting in the on-disk spool. Right axis: age of the "
-                "oldest row the store has not acknowledged.",
-                p.prom(f"kvscope_sink_spool_bytes{job}", "{{sink}} spool"),
-                p.prom(f"kvscope_sink_oldest_unsent_age_seconds{job}", "{{sink}} oldest age"),
-                unit="bytes", w=8, right="/age/", right_unit="s"),
-        p.graph("Reconciliation with vLLM's /metrics",
-                "With kvscope serve --vllm-url: kvscope's preemptions minus vLLM's, and free "
-                "blocks minus those derived from vllm:kv_cache_usage_perc (both should stay "
-                "0); coarse = 1 for engines seen only through vLLM's /metrics.",
-                p.prom(m("kvscope_reconciliation_preemptions_diff"), ID + " preemptions"),
-                p.prom(m("kvscope_reconciliation_free_blocks_diff"), ID + " free blocks"),
-                p.prom(m("kvscope_engine_coarse"), ID + " coarse")),
-        p.graph("Scrapes of vLLM's /metrics", "With kvscope serve --vllm-url.",
-                p.prom(f"sum(rate(kvscope_vllm_scrapes_total{job}[$__rate_interval]))",
-                       "scrapes"),
-                p.prom(f"sum(rate(kvscope_vllm_scrape_errors_total{job}[$__rate_interval]))",
-                       "errors"),
-                unit="ops"),
-    )
+    ]

@@ -4,29 +4,42 @@ events joined to engine traces) and who resubmits (client_requests in ClickHouse
 
 from __future__ import annotations
 
+from typing import Any
+
 from dashboards import clickhouse as sql
 from dashboards import panels as p
 from dashboards.blocks import engine_variables
 from dashboards.config import Config
 from dashboards.panels import ID
+from dashboards.promql import rate
 
 CLIENT = 'client=~"$client"'
 
 
-def rate(cfg: Config, counter: str, by: str, *matchers: str) -> str:
-    sel = cfg.m(counter, *matchers, engine=False)
-    return f"sum by ({by}) (rate({sel}[$__rate_interval]))"
+def client_rate(cfg: Config, counter: str, by: str, *matchers: str) -> str:
+    """A rate of the client series, which carry no engine labels."""
+    return rate(cfg, counter, by, *matchers, engine=False)
 
 
 def ratio(cfg: Config, num: str, den: str, by: str, *matchers: str) -> str:
     """``rate(num) / (rate(den) > 0)`` summed by ``by``: no NaN while nothing was answered."""
-    return f"{rate(cfg, num, by, *matchers)}\n/\n({rate(cfg, den, by, *matchers)} > 0)"
+    return (f"{client_rate(cfg, num, by, *matchers)}\n/\n"
+            f"({client_rate(cfg, den, by, *matchers)} > 0)")
 
 
 def build(cfg: Config) -> p.Board:
     b = p.Board(cfg, cfg.uids.clients, "kvscope / Clients",
                 "Preemptions by client and user agent, duplicate submissions and retry storms.")
-    b.variables(
+    b.variables(*variables(cfg))
+    b.row("Preemptions by client").add(*preemptions_by_client(cfg))
+    b.row("Traffic and duplicates").add(*traffic_and_duplicates(cfg))
+    b.row("client_requests (ClickHouse)").add(*client_requests(cfg))
+    return b
+
+
+def variables(cfg: Config) -> list[Any]:
+    """Datasources, the engine, the client, and the window and length of the top lists."""
+    return [
         p.datasource("prometheus", "Prometheus"),
         p.datasource("clickhouse", "ClickHouse"),
         *engine_variables(cfg),
@@ -38,9 +51,12 @@ def build(cfg: Config) -> p.Board:
                  "Window of the ClickHouse tables, in days back from now."),
         p.custom("limit", "Rows", ["10", "20", "50", "100"],
                  sql.load("client_duplicates").defaults["limit"], "Rows of the top lists."),
-    )
+    ]
 
-    b.row("Preemptions by client").add(
+
+def preemptions_by_client(cfg: Config) -> list[p.Panel]:
+    """Who gets preempted: per client, per user agent, against the engine-wide ratio."""
+    return [
         p.graph("Preemptions per request, by client",
                 "Preemptions of a client's engine requests / its API requests answered.",
                 p.prom(ratio(cfg, "kvscope_client_preemptions_total",
@@ -62,32 +78,41 @@ def build(cfg: Config) -> p.Board:
                 p.prom(cfg.m("engine:vllm_scheduler_preemptions_per_request:ratio_rate5m"),
                        ID),
                 unit="percentunit", minimum=0),
-    )
-    b.row("Traffic and duplicates").add(
+    ]
+
+
+def traffic_and_duplicates(cfg: Config) -> list[p.Panel]:
+    """Who sends what: requests and duplicate submissions, and how events join traces."""
+    return [
         p.graph("Requests by client", "API requests answered per second.",
-                p.prom(rate(cfg, "kvscope_client_requests_total", "client", CLIENT), "{{client}}"),
+                p.prom(client_rate(cfg, "kvscope_client_requests_total", "client", CLIENT),
+                       "{{client}}"),
                 unit="reqps", w=8),
         p.graph("Duplicate submissions by client",
                 "Requests repeating the same client's prompt within the duplicate window: a "
                 "rise with preemptions is a retry storm.",
-                p.prom(rate(cfg, "kvscope_client_duplicate_requests_total", "client", CLIENT),
-                       "{{client}}"),
+                p.prom(client_rate(cfg, "kvscope_client_duplicate_requests_total", "client",
+                                   CLIENT), "{{client}}"),
                 unit="reqps", w=8),
         p.graph("Requests by user agent", "API requests answered per second.",
-                p.prom(rate(cfg, "kvscope_user_agent_requests_total", "user_agent"),
+                p.prom(client_rate(cfg, "kvscope_user_agent_requests_total", "user_agent"),
                        "{{user_agent}}"),
                 unit="reqps", w=8),
         p.graph("Joins of client events to traces",
                 "Traces joined to a client event; middleware-tagged traces written without "
                 "one (the event never arrived); label values refused a series.",
-                p.prom(rate(cfg, "kvscope_client_traces_joined_total", "job"), "joined"),
-                p.prom(rate(cfg, "kvscope_client_traces_unjoined_total", "job"), "unjoined"),
+                p.prom(client_rate(cfg, "kvscope_client_traces_joined_total", "job"), "joined"),
+                p.prom(client_rate(cfg, "kvscope_client_traces_unjoined_total", "job"), "unjoined"),
                 p.prom(f"sum by (label) (increase("
                        f"{cfg.m('kvscope_client_label_overflow_total', engine=False)}"
                        "[$__rate_interval]))", "overflow {{label}}"),
                 unit="ops", w=24, h=6),
-    )
-    b.row("client_requests (ClickHouse)").add(
+    ]
+
+
+def client_requests(cfg: Config) -> list[p.Panel]:
+    """The client_requests table in ClickHouse: top lists and requests over time."""
+    return [
         p.grid("Preemption rate by client and user agent (last $days days)",
                "One row per client ID and User-Agent; preemption_rate is over the requests "
                "joined to engine traces.",
@@ -102,5 +127,4 @@ def build(cfg: Config) -> p.Board:
                 p.ch(sql.render("client_requests_over_time", bucket_s="$__interval_s"),
                      time_series=True),
                 h=9),
-    )
-    return b
+    ]

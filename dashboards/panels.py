@@ -39,6 +39,7 @@ LOKI = dm.DataSourceRef(type_val="loki", uid="${loki}")
 DATASOURCE_TYPES = {"prometheus": "prometheus", "clickhouse": CLICKHOUSE_TYPE, "loki": "loki"}
 
 Query = cogbuilder.Builder[Any]
+Panel = cogbuilder.Builder[dm.Panel]
 
 
 # -- dashboard ---------------------------------------------------------------------------

@@ -12,8 +12,6 @@ still answer and a clean session is tracked exactly.
 
 from __future__ import annotations
 
-import copy
-import math
 import random
 import time
 from collections import Counter
@@ -30,12 +28,12 @@ from kvscope.sidecar.server import Sidecar
 from kvscope.twin import TwinConfig, WorkloadSpec, generate
 from kvscope_probe import plugin, sender, wire
 from kvscope_probe.recorder import Recorder
+from tests.reliability.mutations import mutate
 
 pytestmark = [pytest.mark.reliability, pytest.mark.twin]
 
 FRAMES = 100_000
 SEED = 20240611
-_raw = msgspec.msgpack.Encoder()
 
 
 def real_frames() -> list[wire.Frame]:
@@ -65,119 +63,6 @@ def real_frames() -> list[wire.Frame]:
                          "0123456789abcdef", "fedcba9876543210", 12, 8),
         wire.ClientEnd(rid, time.time(), 200, 0.5)]))
     return frames
-
-
-# -- mutations ----------------------------------------------------------------------------
-WEIRD: list[Any] = [None, True, False, 0, -1, 1, 2**31, -(2**31), 2**63 - 1, -(2**63),
-                    2**64 - 1, 0.0, -0.0, math.nan, math.inf, -math.inf, 1e308, "", "x" * 5000,
-                    "\u0000\u202e\U0010ffff", b"\xff\xfe", [], {},
-                    [[[[[]]]]], {"": None}, [1, "a", None]]
-
-
-def leaves(obj: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [path]
-    if isinstance(obj, list):
-        for i, v in enumerate(obj):
-            out += leaves(v, (*path, i))
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            out += leaves(v, (*path, k))
-    return out
-
-
-def set_at(obj: Any, path: tuple[Any, ...], value: Any) -> Any:
-    if not path:
-        return value
-    parent = obj
-    for k in path[:-1]:
-        parent = parent[k]
-    parent[path[-1]] = value
-    return obj
-
-
-def get_at(obj: Any, path: tuple[Any, ...]) -> Any:
-    for k in path:
-        obj = obj[k]
-    return obj
-
-
-def block_id_paths(obj: Any) -> list[tuple[Any, ...]]:
-    """Paths of integers inside the ops of steps and the block tables (block IDs)."""
-    return [p for p in leaves(obj) if isinstance(get_at(obj, p), int) and len(p) >= 5]
-
-
-def mutate(rng: random.Random, base: list[bytes], num_blocks: int) -> tuple[str, list[bytes]]:
-    tag, body = base
-    kind = rng.choices(
-        ["truncate", "bitflip", "splice", "type", "number", "block_id", "huge_list",
-         "huge_string", "version", "parts", "identity", "records", "valid"],
-        weights=[10, 14, 6, 18, 10, 10, 2, 2, 6, 3, 8, 6, 5])[0]
-    if kind == "truncate":
-        return kind, [tag, body[: rng.randrange(len(body) + 1)]]
-    if kind == "bitflip":
-        b = bytearray(body)
-        for _ in range(rng.randint(1, 8)):
-            i = rng.randrange(len(b))
-            b[i] ^= 1 << rng.randrange(8)
-        return kind, [tag, bytes(b)]
-    if kind == "splice":
-        i = rng.randrange(len(body) + 1)
-        junk = rng.randbytes(rng.randint(1, 16)) if rng.random() < 0.5 else b""
-        return kind, [tag, body[:i] + junk + body[i + rng.randint(0, 16):]]
-    if kind == "version":
-        return kind, [rng.choice([b"kvscope/0", b"kvscope/2", b"kvscope/1 ", b"kvscope/",
-                                  b"KVSCOPE/1", b"", rng.randbytes(9)]), body]
-    if kind == "parts":
-        return kind, rng.choice([[tag], [tag, body, body], [], [body, tag], [tag, b""]])
-    obj = msgspec.msgpack.decode(body)
-    if kind == "valid":
-        return kind, base
-    paths = leaves(obj)
-    if kind == "type":
-        for _ in range(rng.randint(1, 3)):
-            set_at(obj, rng.choice(paths[1:]), copy.deepcopy(rng.choice(WEIRD)))
-            paths = leaves(obj)
-    elif kind == "number":
-        ints = [p for p in paths if isinstance(get_at(obj, p), (int, float))
-                and not isinstance(get_at(obj, p), bool)]
-        if ints:
-            set_at(obj, rng.choice(ints), rng.choice(
-                [0, -1, -(2**40), 2**40, 2**63 - 1, -(2**63), 2**64 - 1, math.nan, math.inf,
-                 num_blocks, num_blocks + 1, rng.randint(-(10**6), 10**6)]))
-    elif kind == "block_id":
-        ids = block_id_paths(obj)
-        for p in rng.sample(ids, min(len(ids), rng.randint(1, 3))):
-            set_at(obj, p, rng.choice([0, -1, num_blocks, num_blocks + 7, 2**31 - 1,
-                                       2**62, -(2**63)]))
-    elif kind == "huge_list":
-        lists = [p for p in paths if isinstance(get_at(obj, p), list) and p
-                 and all(not isinstance(v, (list, dict)) for v in get_at(obj, p))]
-        if lists:
-            p = rng.choice(lists)
-            cur = get_at(obj, p)
-            set_at(obj, p, (cur or [1]) * (200_000 // max(1, len(cur or [1]))))
-    elif kind == "huge_string":
-        strs = [p for p in paths if isinstance(get_at(obj, p), str)]
-        if strs:
-            set_at(obj, rng.choice(strs), "\u00e9" * 1_000_000)
-    elif kind == "identity":
-        field = rng.choice([0, 1, 2, 3, 4])  # engine, session, first_seq, dropped, faults
-        obj[field] = rng.choice([str(rng.randrange(4)), "api:x", "", "s" * 300,
-                                 rng.randrange(-5, 10**6), 2**63 - 1, -1])
-    elif kind == "records":
-        recs = obj[5] if isinstance(obj, list) and len(obj) > 5 else None
-        if isinstance(recs, list) and recs:
-            op = rng.choice(["dup", "drop", "shuffle", "foreign"])
-            if op == "dup":
-                recs.extend(rng.choices(recs, k=rng.randint(1, 50)))
-            elif op == "drop":
-                del recs[rng.randrange(len(recs))]
-            elif op == "shuffle":
-                rng.shuffle(recs)
-            else:
-                recs.append(["client_start", "kvs" + "0" * 32, 1.0, "chat", "", "", "", "",
-                             "", 0, -1])
-    return kind, [tag, _raw.encode(obj)]
 
 
 # -- the test -------------------------------------------------------------------------------

@@ -17,6 +17,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +82,12 @@ def exact(e: dict[str, Any] | None, t: dict[str, Any]) -> bool:
         and sum(e["requests_ended"].values()) == t["requests"] == e["requests_arrived"]
 
 
-def test_eight_engines_on_one_sidecar_each_exact(tmp_path: Path) -> None:
+@contextmanager
+def eight_engines(tmp_path: Path) -> Iterator[tuple[ServeProcess, list[subprocess.Popen[str]],
+                                                    list[dict[str, Any]]]]:
+    """A sidecar over tcp with CURVE and the eight workers of ``ENGINES`` on it, each done
+    with its requests: (sidecar, worker processes, each worker's truth). On leaving, frozen
+    workers are thawed, all are told to exit, and the sidecar is stopped."""
     secret_file = tmp_path / "probe.secret"
     secret_file.write_text(SECRET + "\n")
     os.chmod(secret_file, 0o600)
@@ -92,81 +99,7 @@ def test_eight_engines_on_one_sidecar_each_exact(tmp_path: Path) -> None:
     try:
         side.start()
         procs = [start_worker(i, endpoint, s, dp) for i, (s, dp) in enumerate(ENGINES)]
-        truths = read_truths(procs, 300)
-        assert all(t["dropped"] == 0 and t["faults"] == 0 for t in truths), truths
-
-        # -- every engine exact, each under its own identity ---------------------------
-        wait_until("every engine's figures to equal its pool",
-                   lambda: all(exact(by_session(side).get(t["session"]), t) for t in truths),
-                   60)
-        engines = by_session(side)
-        keys = sorted(e["key"] for e in engines.values())
-        (second,) = [t for t in truths if t["server"] == "twin-c:8000"
-                     and engines[t["session"]]["key"] != "twin-c:8000/0"]  # the newer claim
-        assert keys == sorted([f"twin-a:8000/{i}" for i in range(4)]
-                              + ["twin-b:8000/0", "twin-b:8000/1", "twin-c:8000/0",
-                                 f"twin-c:8000#{second['pid']}/0"])
-        for t, (server, dp) in zip(truths, ENGINES, strict=True):
-            e = engines[t["session"]]
-            assert (t["server"], t["engine"], t["dp_rank"]) == (server, str(dp), dp)
-            assert (e["engine"], e["dp_rank"], e["pid"]) == (str(dp), dp, t["pid"])
-            assert e["ledger_gaps"] == 0 and e["ledger_mismatches"] == 0
-            assert e["probe_records_dropped"] == 0
-        collisions = side.get("/api/engines").json()["identity_collisions"]
-        assert collisions == [{"server": "twin-c:8000", "engine": "0", "count": 1}]
-        assert side.value("kvscope_engine_identity_collisions_total",
-                          server="twin-c:8000", engine="0") == 1
-        assert "two live probes claim server 'twin-c:8000' engine '0'" in side.stderr()
-        for t in truths:  # the Prometheus view, per engine
-            e = engines[t["session"]]
-            got = sum(side.value("vllm_scheduler_preempted_requests_total", server=e["server"],
-                                 engine=e["engine"], model="twin", reason=r) or 0
-                      for r in ("kv_full", "priority", "unknown"))
-            assert got == t["preemptions"], e["key"]
-        print("\nper-engine preemptions (sidecar == pool): " + ", ".join(
-            f"{engines[t['session']]['key']}={t['preemptions']}" for t in truths))
-
-        # -- idle for longer than the health timeout: still connected, ready -----------
-        time.sleep(3 * TIMEOUT_S)
-        code, body = readyz(side)
-        assert code == 200 and body["status"] == "ok"
-        assert sorted(e["state"] for e in body["engines"]) == ["idle"] * 8
-        assert all(e["heartbeats"] >= 2 for e in body["engines"])
-        assert all(side.value("kvscope_probe_connected", server=e["server"],
-                              engine=e["engine"], model="twin") == 1 for e in body["engines"])
-
-        # -- a killed engine process: gone (same host, PID checked), others fine ------
-        killed, frozen = engines[truths[0]["session"]], engines[truths[4]["session"]]
-        t0 = time.monotonic()
-        os.kill(procs[0].pid, signal.SIGKILL)
-        procs[0].wait(10)
-
-        def state_of(key: str) -> str | None:
-            return next((e["state"] for e in readyz(side)[1]["engines"] if e["key"] == key),
-                        None)
-
-        wait_until("the killed engine to read gone", lambda: state_of(killed["key"]) == "gone",
-                   10, every_s=0.05)
-        gone_s = time.monotonic() - t0
-        code, body = readyz(side)
-        assert code == 200, body  # gone is not silent; seven engines are connected
-
-        # -- a frozen engine (its probe stops, the process lives): silent -------------
-        t0 = time.monotonic()
-        os.kill(procs[4].pid, signal.SIGSTOP)
-        wait_until("the frozen engine to read silent",
-                   lambda: state_of(frozen["key"]) == "silent", 10 * TIMEOUT_S, every_s=0.05)
-        silent_s = time.monotonic() - t0
-        code, body = readyz(side)
-        assert code == 503 and body["status"] == "probe silent"
-        assert side.value("kvscope_probe_state", server=frozen["server"],
-                          engine=frozen["engine"], model="twin", state="silent") == 1
-        os.kill(procs[4].pid, signal.SIGCONT)
-        wait_until("the thawed engine to be idle again",
-                   lambda: state_of(frozen["key"]) == "idle", 10 * TIMEOUT_S, every_s=0.05)
-        assert readyz(side)[0] == 200
-        print(f"killed engine read gone after {gone_s:.2f} s; frozen engine read silent after "
-              f"{silent_s:.2f} s (health timeout {TIMEOUT_S:.0f} s, heartbeats every 2 s)")
+        yield side, procs, read_truths(procs, 300)
     finally:
         for p in procs:
             if p.poll() is None:
@@ -181,7 +114,102 @@ def test_eight_engines_on_one_sidecar_each_exact(tmp_path: Path) -> None:
                 p.wait()
         side.stop()
 
-    # -- ClickHouse rows, per engine: one trace per request, the preemptions each had ----
+
+def assert_every_engine_exact(side: ServeProcess,
+                              truths: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every engine's figures equal its pool, each under its own identity; the two claims
+    of twin-c:8000/0 kept apart. Returns the engines by session."""
+    wait_until("every engine's figures to equal its pool",
+               lambda: all(exact(by_session(side).get(t["session"]), t) for t in truths),
+               60)
+    engines = by_session(side)
+    keys = sorted(e["key"] for e in engines.values())
+    (second,) = [t for t in truths if t["server"] == "twin-c:8000"
+                 and engines[t["session"]]["key"] != "twin-c:8000/0"]  # the newer claim
+    assert keys == sorted([f"twin-a:8000/{i}" for i in range(4)]
+                          + ["twin-b:8000/0", "twin-b:8000/1", "twin-c:8000/0",
+                             f"twin-c:8000#{second['pid']}/0"])
+    for t, (server, dp) in zip(truths, ENGINES, strict=True):
+        e = engines[t["session"]]
+        assert (t["server"], t["engine"], t["dp_rank"]) == (server, str(dp), dp)
+        assert (e["engine"], e["dp_rank"], e["pid"]) == (str(dp), dp, t["pid"])
+        assert e["ledger_gaps"] == 0 and e["ledger_mismatches"] == 0
+        assert e["probe_records_dropped"] == 0
+    return engines
+
+
+def assert_the_collision_is_reported(side: ServeProcess) -> None:
+    collisions = side.get("/api/engines").json()["identity_collisions"]
+    assert collisions == [{"server": "twin-c:8000", "engine": "0", "count": 1}]
+    assert side.value("kvscope_engine_identity_collisions_total",
+                      server="twin-c:8000", engine="0") == 1
+    assert "two live probes claim server 'twin-c:8000' engine '0'" in side.stderr()
+
+
+def assert_prometheus_preemptions_exact(side: ServeProcess, truths: list[dict[str, Any]],
+                                        engines: dict[str, dict[str, Any]]) -> None:
+    for t in truths:
+        e = engines[t["session"]]
+        got = sum(side.value("vllm_scheduler_preempted_requests_total", server=e["server"],
+                             engine=e["engine"], model="twin", reason=r) or 0
+                  for r in ("kv_full", "priority", "unknown"))
+        assert got == t["preemptions"], e["key"]
+    print("\nper-engine preemptions (sidecar == pool): " + ", ".join(
+        f"{engines[t['session']]['key']}={t['preemptions']}" for t in truths))
+
+
+def assert_idle_engines_stay_ready(side: ServeProcess) -> None:
+    """Idle for longer than the health timeout: heartbeats keep every engine connected."""
+    time.sleep(3 * TIMEOUT_S)
+    code, body = readyz(side)
+    assert code == 200 and body["status"] == "ok"
+    assert sorted(e["state"] for e in body["engines"]) == ["idle"] * 8
+    assert all(e["heartbeats"] >= 2 for e in body["engines"])
+    assert all(side.value("kvscope_probe_connected", server=e["server"],
+                          engine=e["engine"], model="twin") == 1 for e in body["engines"])
+
+
+def state_of(side: ServeProcess, key: str) -> str | None:
+    return next((e["state"] for e in readyz(side)[1]["engines"] if e["key"] == key), None)
+
+
+def kill_reads_gone(side: ServeProcess, proc: subprocess.Popen[str], key: str) -> float:
+    """SIGKILL the engine process: it reads gone (same host, PID checked) and the sidecar
+    stays ready. Returns the seconds it took."""
+    t0 = time.monotonic()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    wait_until("the killed engine to read gone", lambda: state_of(side, key) == "gone",
+               10, every_s=0.05)
+    gone_s = time.monotonic() - t0
+    code, body = readyz(side)
+    assert code == 200, body  # gone is not silent; seven engines are connected
+    return gone_s
+
+
+def freeze_reads_silent(side: ServeProcess, proc: subprocess.Popen[str],
+                        frozen: dict[str, Any]) -> float:
+    """SIGSTOP the engine process (its probe stops, the process lives): it reads silent and
+    the sidecar not ready, until SIGCONT makes it idle again. Returns the seconds to silent."""
+    t0 = time.monotonic()
+    os.kill(proc.pid, signal.SIGSTOP)
+    wait_until("the frozen engine to read silent",
+               lambda: state_of(side, frozen["key"]) == "silent", 10 * TIMEOUT_S, every_s=0.05)
+    silent_s = time.monotonic() - t0
+    code, body = readyz(side)
+    assert code == 503 and body["status"] == "probe silent"
+    assert side.value("kvscope_probe_state", server=frozen["server"],
+                      engine=frozen["engine"], model="twin", state="silent") == 1
+    os.kill(proc.pid, signal.SIGCONT)
+    wait_until("the thawed engine to be idle again",
+               lambda: state_of(side, frozen["key"]) == "idle", 10 * TIMEOUT_S, every_s=0.05)
+    assert readyz(side)[0] == 200
+    return silent_s
+
+
+def assert_clickhouse_rows_per_engine(side: ServeProcess, truths: list[dict[str, Any]],
+                                      engines: dict[str, dict[str, Any]]) -> None:
+    """One trace per request in ClickHouse, with the preemptions each engine had."""
     done = subprocess.run(
         [sys.executable, "-m", "kvscope", "query", "preemption_cost", "--format", "json",
          "--dsn", f"chdb://{side.data_dir / 'chdb'}"], cwd=ROOT, env=clean_env(),
@@ -193,3 +221,17 @@ def test_eight_engines_on_one_sidecar_each_exact(tmp_path: Path) -> None:
         e = engines[t["session"]]
         row = rows[(e["server"], e["engine"])]
         assert (row["requests"], row["preemptions"]) == (t["requests"], t["preemptions"])
+
+
+def test_eight_engines_on_one_sidecar_each_exact(tmp_path: Path) -> None:
+    with eight_engines(tmp_path) as (side, procs, truths):
+        assert all(t["dropped"] == 0 and t["faults"] == 0 for t in truths), truths
+        engines = assert_every_engine_exact(side, truths)
+        assert_the_collision_is_reported(side)
+        assert_prometheus_preemptions_exact(side, truths, engines)
+        assert_idle_engines_stay_ready(side)
+        gone_s = kill_reads_gone(side, procs[0], engines[truths[0]["session"]]["key"])
+        silent_s = freeze_reads_silent(side, procs[4], engines[truths[4]["session"]])
+        print(f"killed engine read gone after {gone_s:.2f} s; frozen engine read silent after "
+              f"{silent_s:.2f} s (health timeout {TIMEOUT_S:.0f} s, heartbeats every 2 s)")
+    assert_clickhouse_rows_per_engine(side, truths, engines)  # the sidecar has stopped

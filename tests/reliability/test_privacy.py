@@ -101,31 +101,35 @@ def http_texts(side: ServeProcess) -> dict[str, str]:
     return {path: side.get(path).text for path in ROUTES}
 
 
-def raw_hits(root: Path, needles: list[str]) -> tuple[int, dict[str, list[str]]]:
-    """Files under ``root`` whose bytes contain a needle (compressed store parts may hide
+def raw_hits(roots: list[Path], needles: list[str]) -> tuple[int, dict[str, list[str]]]:
+    """Files under each root whose bytes contain a needle (compressed store parts may hide
     one; the queries over every column are the real search), the secret's own file
-    aside."""
+    aside. Returns the number of files read and, per needle, where it was found."""
     hits: dict[str, list[str]] = {n: [] for n in needles}
     files = 0
-    for dirpath, _, names in os.walk(root):
-        for name in names:
-            path = Path(dirpath) / name
-            if name == KEY_FILE_NAME:
-                continue
-            try:
-                data = path.read_bytes()
-            except OSError:
-                continue
-            files += 1
-            for n in needles:
-                if n.encode() in data:
-                    hits[n].append(str(path.relative_to(root)))
+    for root in roots:
+        for dirpath, _, names in os.walk(root):
+            for name in names:
+                path = Path(dirpath) / name
+                if name == KEY_FILE_NAME:
+                    continue
+                try:
+                    data = path.read_bytes()
+                except OSError:
+                    continue
+                files += 1
+                for n in needles:
+                    if n.encode() in data:
+                        hits[n].append(str(path.relative_to(root)))
     return files, hits
 
 
-def test_a_canary_prompt_key_and_password_appear_nowhere(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.DEBUG)
+def send_through_two_sidecars(
+        tmp_path: Path) -> tuple[ServeProcess, ServeProcess, int, dict[str, dict[str, str]]]:
+    """The canaries through the middleware to a sidecar with the embedded store (its twin
+    engine running them) and to one whose ClickHouse DSN carries the password, on a closed
+    port. Both stopped once the traces are joined and the delivery has failed. Returns the
+    two sidecars, the requests sent to the store's, and each one's pages (``ROUTES``)."""
     store_side = ServeProcess(tmp_path / "c", args=["--log-level", "debug"])
     pw_side = ServeProcess(tmp_path / "p", args=[
         "--log-level", "debug", "--clickhouse-dsn",
@@ -153,7 +157,13 @@ def test_a_canary_prompt_key_and_password_appear_nowhere(
         plugin.stop_all()
         store_side.stop()
         pw_side.stop()
+    return store_side, pw_side, sent, http
 
+
+def secrets_and_keyed_hashes(store_side: ServeProcess,
+                             pw_side: ServeProcess) -> tuple[list[str], str, str]:
+    """What must appear nowhere (the canaries, their plain SHA-256 in full and truncated,
+    both sidecars' secrets), and the keyed hashes of the prompt and the key, which must."""
     plain_prompt = prompt_digest("completions", {"prompt": CANARY})[0]
     plain_key = sha256_hex(API_KEY.encode())
     secret = read_key(str(store_side.data_dir / KEY_FILE_NAME))
@@ -162,23 +172,32 @@ def test_a_canary_prompt_key_and_password_appear_nowhere(
     secrets_ = [CANARY, CANARY.split()[0], API_KEY, PASSWORD, plain_prompt, plain_prompt[:16],
                 plain_key, plain_key[:16], secret.decode(),
                 read_key(str(pw_side.data_dir / KEY_FILE_NAME)).decode()]
-    store = read_store(str(store_side.data_dir / "chdb"), [*secrets_, phash, khash, CLIENT])
-    hits = store["hits"]
-    texts = {
-        "sidecar stderr": store_side.stderr() + pw_side.stderr(),
-        "sidecar stdout": store_side.stdout() + pw_side.stdout(),
-        "decision log": "".join(p.read_text() for side in (store_side, pw_side)
+    return secrets_, phash, khash
+
+
+def texts_written(sides: tuple[ServeProcess, ServeProcess], http: dict[str, dict[str, str]],
+                  test_logs: str) -> dict[str, str]:
+    """Every text kvscope wrote or served, by where: output, decision log, logs, pages."""
+    return {
+        "sidecar stderr": "".join(side.stderr() for side in sides),
+        "sidecar stdout": "".join(side.stdout() for side in sides),
+        "decision log": "".join(p.read_text() for side in sides
                                 for p in side.workdir.glob("decisions.jsonl*")),
-        "test-process logs": caplog.text,
+        "test-process logs": test_logs,
         **{f"{who} {path}": text for who, pages in http.items() for path, text in pages.items()},
     }
-    files = 0
-    raw: dict[str, list[str]] = {}
-    for side in (store_side, pw_side):
-        n, found = raw_hits(side.workdir, secrets_)
-        files += n
-        for k, v in found.items():
-            raw.setdefault(k, []).extend(v)
+
+
+def test_a_canary_prompt_key_and_password_appear_nowhere(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    store_side, pw_side, sent, http = send_through_two_sidecars(tmp_path)
+
+    secrets_, phash, khash = secrets_and_keyed_hashes(store_side, pw_side)
+    store = read_store(str(store_side.data_dir / "chdb"), [*secrets_, phash, khash, CLIENT])
+    hits = store["hits"]
+    texts = texts_written((store_side, pw_side), http, caplog.text)
+    files, raw = raw_hits([store_side.workdir, pw_side.workdir], secrets_)
     leaks = {s: [where for where, text in texts.items() if s in text] for s in secrets_}
     print(f"\nproperty 7: {sent} canary requests joined end to end; searched "
           f"{len(store['tables'])} tables (every column), {len(texts)} texts "

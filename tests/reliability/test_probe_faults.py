@@ -98,12 +98,9 @@ def run(endpoint: str | None) -> tuple[Any, list[Any], Any]:
     return result, trail, twin.scheduler.__dict__.get("_kvscope")
 
 
-def test_faults_while_encoding_and_sending_never_reach_the_scheduler(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    baseline, base_trail, off = run(None)
-    assert baseline.steps == STEPS and not getattr(off, "enabled", False)
-
-    inj = Injector(seed=11, n_records=STEPS)
+def inject_faults(monkeypatch: pytest.MonkeyPatch, inj: Injector) -> None:
+    """``sender.make_frame``, ``wire.encode`` and the sender's socket fail where ``inj``
+    chose, and otherwise do what they always do."""
     real_make, real_encode, real_socket = sender.make_frame, wire.encode, sender.Sender._socket
 
     def make_frame(rec: Recorder, first: int, items: list[Any], *args: Any) -> wire.Frame:
@@ -118,6 +115,10 @@ def test_faults_while_encoding_and_sending_never_reach_the_scheduler(
     monkeypatch.setattr(wire, "encode", encode)
     monkeypatch.setattr(sender.Sender, "_socket",
                         lambda self: FlakySocket(real_socket(self), inj))
+
+
+def count_pool_scans(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """``{"n": full scans of the pool by the Recorder}``, counting from now."""
     scans = {"n": 0}
     real_scan = Recorder._scan_states
 
@@ -126,8 +127,11 @@ def test_faults_while_encoding_and_sending_never_reach_the_scheduler(
         return real_scan(self)
 
     monkeypatch.setattr(Recorder, "_scan_states", counted_scan)
+    return scans
 
-    endpoint = f"ipc://{tmp_path}/p.sock"
+
+def counting_hub() -> tuple[Hub, dict[str, int]]:
+    """A Hub that counts the frames it rejects and the records they held."""
     hub = Hub()
     in_rejected = {"frames": 0, "records": 0}
     accept = hub.accept
@@ -140,6 +144,14 @@ def test_faults_while_encoding_and_sending_never_reach_the_scheduler(
         return ok
 
     hub.accept = counting_accept  # type: ignore[method-assign]
+    return hub, in_rejected
+
+
+def run_streaming(tmp_path: Path, hub: Hub,
+                  in_rejected: dict[str, int]) -> tuple[Any, list[Any], Recorder]:
+    """``run`` with the probe streaming to a real Receiver into ``hub``, until every record
+    the probe produced is received, rejected or dropped (or the deadlines pass)."""
+    endpoint = f"ipc://{tmp_path}/p.sock"
     rx = Receiver(hub, [endpoint])
     rx.bind()
     rx.start()
@@ -156,6 +168,19 @@ def test_faults_while_encoding_and_sending_never_reach_the_scheduler(
             time.sleep(0.05)
     finally:
         rx.stop()
+    return faulty, trail, rec
+
+
+def test_faults_while_encoding_and_sending_never_reach_the_scheduler(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    baseline, base_trail, off = run(None)
+    assert baseline.steps == STEPS and not getattr(off, "enabled", False)
+    inj = Injector(seed=11, n_records=STEPS)
+    inject_faults(monkeypatch, inj)
+    scans = count_pool_scans(monkeypatch)
+    hub, in_rejected = counting_hub()
+
+    faulty, trail, rec = run_streaming(tmp_path, hub, in_rejected)
 
     injected = sum(inj.raised.values())
     contained = injected - inj.raised.get("send_again", 0)  # EAGAIN is a drop, not a fault

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -75,9 +78,27 @@ def quiet_compare(side: ServeProcess, drv: TwinDriver) -> dict[str, Any]:
     return e
 
 
-def test_a_stopped_sidecar_never_blocks_the_engine(tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KVSCOPE_PROBE_KEYFRAME_S", "1")
+@contextmanager
+def twin_streaming(side: ServeProcess, *replacements: ServeProcess) -> Iterator[TwinDriver]:
+    """Start ``side`` and the twin stepping every ``STEP_S`` with the probe streaming to it,
+    until the sidecar's ledger is synced. On leaving: the twin and the probe stop, then the
+    replacements and ``side`` itself."""
+    drv: TwinDriver | None = None
+    try:
+        side.start()
+        drv = TwinDriver(side.endpoint, step_s=STEP_S).start()
+        wait_until("the engine to be synced", lambda: (e := engine(side)) and e["synced"], 60)
+        yield drv
+    finally:
+        if drv is not None:
+            drv.stop()
+        plugin.stop_all()
+        for s in (*replacements, side):
+            s.stop()
+
+
+def count_keyframes(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The monotonic time of every keyframe a Recorder builds from now on."""
     keyframes: list[float] = []
     real_keyframe = Recorder.keyframe
 
@@ -86,32 +107,59 @@ def test_a_stopped_sidecar_never_blocks_the_engine(tmp_path: Path,
         real_keyframe(self, t_now)
 
     monkeypatch.setattr(Recorder, "keyframe", counted_keyframe)
+    return keyframes
+
+
+@dataclass
+class Stop:
+    """What happened while the sidecar was frozen."""
+
+    t_stop: float
+    t_cont: float
+    steps: int
+    """Steps the engine took meanwhile."""
+    dropped: int
+    """Records the probe had dropped by the end of the stop, since it started."""
+
+
+def freeze(side: ServeProcess, drv: TwinDriver) -> Stop:
+    """SIGSTOP the sidecar for ``STOP_S``, then SIGCONT it."""
+    t_stop = time.monotonic()
+    steps_at_stop = drv.steps
+    side.pause()
+    time.sleep(STOP_S)
+    steps_in_stop = drv.steps - steps_at_stop
+    rec = drv.recorder
+    dropped_in_stop = rec.ring_dropped + rec.send_dropped
+    t_cont = time.monotonic()
+    side.resume()
+    return Stop(t_stop, t_cont, steps_in_stop, dropped_in_stop)
+
+
+def resynced(side: ServeProcess, t_cont: float) -> tuple[float, float]:
+    """The ledger gaps the thawed sidecar saw, and how long after ``t_cont`` it was synced."""
+    gaps = wait_until("a gap to be seen after SIGCONT",
+                      lambda: side.value("kvscope_ledger_gaps_total", server="", engine="0",
+                                         model="twin"), 60)
+    wait_until("the ledger to be synced again",
+               lambda: side.value("kvscope_ledger_synced", server="", engine="0",
+                                  model="twin") == 1,
+               30, every_s=0.05)
+    return gaps, time.monotonic() - t_cont
+
+
+def test_a_stopped_sidecar_never_blocks_the_engine(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVSCOPE_PROBE_KEYFRAME_S", "1")
+    keyframes = count_keyframes(monkeypatch)
     side = ServeProcess(tmp_path / "side", args=SERVE_ARGS)
-    drv: TwinDriver | None = None
-    try:
-        side.start()
-        drv = TwinDriver(side.endpoint, step_s=STEP_S).start()
-        wait_until("the engine to be synced", lambda: (e := engine(side)) and e["synced"], 60)
+    with twin_streaming(side) as drv:
         time.sleep(5.0)
-        t_stop = time.monotonic()
-        steps_at_stop = drv.steps
-        side.pause()
-        time.sleep(STOP_S)
-        steps_in_stop = drv.steps - steps_at_stop
-        rec = drv.recorder
-        dropped_in_stop = rec.ring_dropped + rec.send_dropped
-        t_cont = time.monotonic()
-        side.resume()
-        gaps = wait_until("a gap to be seen after SIGCONT",
-                          lambda: side.value("kvscope_ledger_gaps_total", server="", engine="0",
-                                             model="twin"), 60)
-        wait_until("the ledger to be synced again",
-                   lambda: side.value("kvscope_ledger_synced", server="", engine="0",
-                                      model="twin") == 1,
-                   30, every_s=0.05)
-        resync_s = time.monotonic() - t_cont
+        stop = freeze(side, drv)
+        gaps, resync_s = resynced(side, stop.t_cont)
         time.sleep(2.0)
         e = quiet_compare(side, drv)
+        rec = drv.recorder
         produced = rec.seq
         dropped = rec.ring_dropped + rec.send_dropped
         received = wait_until(
@@ -119,48 +167,41 @@ def test_a_stopped_sidecar_never_blocks_the_engine(tmp_path: Path,
             lambda: (n := side.value("kvscope_probe_records_received_total")) is not None
             and n + dropped >= produced and n, 30)
         assert not drv.errors, drv.errors
-        kf_during = sum(t_stop <= t < t_cont for t in keyframes)
-        before = drv.step_ns(t_stop - 5.0, t_stop)
-        during = drv.step_ns(t_stop, t_cont)
+        kf_during = sum(stop.t_stop <= t < stop.t_cont for t in keyframes)
+        before = drv.step_ns(stop.t_stop - 5.0, stop.t_stop)
+        during = drv.step_ns(stop.t_stop, stop.t_cont)
         p99_before, p99_during = percentile(before, 0.99), percentile(during, 0.99)
-        print(f"\nproperty 2: {len(before)} steps before, {steps_in_stop} steps during the "
+        print(f"\nproperty 2: {len(before)} steps before, {stop.steps} steps during the "
               f"{STOP_S:.0f} s SIGSTOP ({STOP_S / STEP_S:.0f} due); schedule() p50/p99/max "
               f"before {percentile(before, 0.5) / 1e3:.0f}/{p99_before / 1e3:.0f}/"
               f"{max(before) / 1e3:.0f} us, during {percentile(during, 0.5) / 1e3:.0f}/"
               f"{p99_during / 1e3:.0f}/{max(during) / 1e3:.0f} us; records produced "
               f"{produced}, received {received:.0f}, dropped {dropped} (ring "
-              f"{rec.ring_dropped}, send {rec.send_dropped}; {dropped_in_stop} by the end of "
+              f"{rec.ring_dropped}, send {rec.send_dropped}; {stop.dropped} by the end of "
               f"the stop), {kf_during} keyframes during the stop, gaps {gaps:.0f}, "
               f"resynced {resync_s:.1f} s after SIGCONT, "
               f"free blocks {e['free_blocks']} == pool")
         # the engine kept its pace and schedule() its cost while the sidecar was frozen
-        assert steps_in_stop >= 0.25 * STOP_S / STEP_S
+        assert stop.steps >= 0.25 * STOP_S / STEP_S
         assert p99_during < 5e6, "sanity bound only; benchmarks/ measure the probe's cost"
-        assert dropped_in_stop > 0  # the stall was felt, and paid for in counted drops
+        assert stop.dropped > 0  # the stall was felt, and paid for in counted drops
         # a failed send asks for a keyframe, but not one per step for the whole outage
         assert kf_during <= STOP_S * (1 + 1 / FORCED_KEYFRAME_GAP_S) + 5
         # every record is accounted for: received by the sidecar, or dropped and counted
         assert received + dropped == produced
-    finally:
-        if drv is not None:
-            drv.stop()
-        plugin.stop_all()
-        side.stop()
 
 
-def test_a_killed_sidecar_is_replaced_and_the_new_one_resyncs(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KVSCOPE_PROBE_KEYFRAME_S", "3")
-    first = ServeProcess(tmp_path / "first", args=SERVE_ARGS)
-    second = ServeProcess(tmp_path / "second", endpoint=first.endpoint, args=SERVE_ARGS)
-    drv: TwinDriver | None = None
+@contextmanager
+def watched(side: ServeProcess) -> Iterator[list[tuple[float, bool, bool]]]:
+    """Scrape ``side`` every 20 ms on a thread, from its first answer on, until the block
+    ends: (time, ledger synced, a free-blocks figure shown) for each scrape."""
     seen: list[tuple[float, bool, bool]] = []
     watching = threading.Event()
 
-    def watch() -> None:  # what the new sidecar exports, from its first answer on
+    def watch() -> None:
         while watching.is_set():
             try:
-                m = second.metrics()
+                m = side.metrics()
             except Exception:  # noqa: BLE001 - not up yet
                 time.sleep(0.02)
                 continue
@@ -171,10 +212,21 @@ def test_a_killed_sidecar_is_replaced_and_the_new_one_resyncs(
             time.sleep(0.02)
 
     watcher = threading.Thread(target=watch, daemon=True)
+    watching.set()
+    watcher.start()
     try:
-        first.start()
-        drv = TwinDriver(first.endpoint, step_s=STEP_S).start()
-        wait_until("the engine to be synced", lambda: (e := engine(first)) and e["synced"], 60)
+        yield seen
+    finally:
+        watching.clear()
+        watcher.join(5)
+
+
+def test_a_killed_sidecar_is_replaced_and_the_new_one_resyncs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVSCOPE_PROBE_KEYFRAME_S", "3")
+    first = ServeProcess(tmp_path / "first", args=SERVE_ARGS)
+    second = ServeProcess(tmp_path / "second", endpoint=first.endpoint, args=SERVE_ARGS)
+    with twin_streaming(first, second) as drv:
         quiet_compare(first, drv)
         drv.resume()
         time.sleep(1.0)
@@ -182,18 +234,15 @@ def test_a_killed_sidecar_is_replaced_and_the_new_one_resyncs(
         steps_at_kill, t_kill = drv.steps, time.monotonic()
         time.sleep(2.0)
         assert drv.steps - steps_at_kill > 0.25 * 2.0 / STEP_S  # the engine did not wait
-        watching.set()
-        watcher.start()
-        second.start()
-        t_up = time.monotonic()
-        wait_until("the new sidecar to hear the probe (it reconnects by itself)",
-                   lambda: engine(second) is not None, 30)
-        wait_until("the new sidecar's ledger to be synced",
-                   lambda: (e := engine(second)) and e["synced"], 30)
-        synced_after = time.monotonic() - t_up
-        time.sleep(1.0)
-        watching.clear()
-        watcher.join(5)
+        with watched(second) as seen:
+            second.start()
+            t_up = time.monotonic()
+            wait_until("the new sidecar to hear the probe (it reconnects by itself)",
+                       lambda: engine(second) is not None, 30)
+            wait_until("the new sidecar's ledger to be synced",
+                       lambda: (e := engine(second)) and e["synced"], 30)
+            synced_after = time.monotonic() - t_up
+            time.sleep(1.0)
         e = quiet_compare(second, drv)
         rejected = second.value("kvscope_probe_frames_rejected_total", reason="unknown_session")
         assert not drv.errors, drv.errors
@@ -210,10 +259,3 @@ def test_a_killed_sidecar_is_replaced_and_the_new_one_resyncs(
         assert seen and all(has_free == synced for _, synced, has_free in seen)
         first_synced = next(i for i, s in enumerate(seen) if s[1])
         assert all(s[1] for s in seen[first_synced:])
-    finally:
-        watching.clear()
-        if drv is not None:
-            drv.stop()
-        plugin.stop_all()
-        second.stop()
-        first.stop()

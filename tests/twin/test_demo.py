@@ -123,67 +123,95 @@ def stored_rows(chdb_dir: Path) -> dict[str, int]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def findings_shown(demo: Demo, text: str) -> int:
+    """The preemptions the findings print (checked > 0), once the demo said it is done."""
+    shown = int(re.search(r"^  preemptions\s+(\d+) \(", text, re.M).group(1))  # type: ignore[union-attr]
+    assert shown > 0, text
+    assert f"{REQUESTS}/{REQUESTS} requests answered (0 failed)" in text
+    assert f"{demo.base}/ui" in text and "query hourly_preemptions --dsn chdb://" in text
+    return shown
+
+
+def assert_prometheus_layer(m: Scrape, shown: int) -> None:
+    """Layer 1: block gauges in sync, the preemptions the findings print, every request."""
+    assert m.value("kvscope_ledger_synced") == 1
+    assert m.value("vllm_scheduler_total_blocks") == 63
+    for gauge in ("free_blocks", "used_blocks", "max_contiguous_free_blocks",
+                  "tail_waste_tokens"):
+        assert m.value(f"vllm_scheduler_{gauge}") is not None, gauge
+    assert m.total("vllm_scheduler_preempted_requests_total") == shown
+    assert m.value("vllm_scheduler_preempted_requests_total", reason="kv_full") == shown
+    assert m.total("vllm_scheduler_requests_ended_total") == REQUESTS
+
+
+def assert_rows_acknowledged(m: Scrape) -> None:
+    """Layer 2 (and the layout and decision rows): what ClickHouse acknowledged."""
+    rows = m.by("kvscope_sink_rows_written_total", "table")
+    assert rows["request_traces"] == REQUESTS and rows["client_requests"] == REQUESTS
+    assert all(rows.get(t, 0) > 0 for t in TABLES), rows
+    assert m.total("kvscope_sink_rows_dropped_total") == 0
+
+
+def assert_layout_layer(http: httpx.Client) -> None:
+    """Layer 3: the page and its data."""
+    ui = http.get("/ui")
+    layout = http.get("/api/layout").json()
+    engines = http.get("/api/engines").json()["engines"]
+    assert ui.status_code == 200 and "<html" in ui.text.lower()
+    assert [e["engine"] for e in layout["engines"]] == [engines[0]["engine"]]
+    assert layout["engines"][0]["status"] == "ok" and layout["engines"][0]["layout"]
+
+
+def assert_decision_log(demo: Demo, text: str, shown: int) -> None:
+    """Layer 4: one preempt line per preemption, each with the facts to check its cause."""
+    log = [json.loads(ln) for ln in (demo.data / "decisions.jsonl").read_text().splitlines()]
+    preempts = [d for d in log if d["event"] == "preempt"]
+    assert len(preempts) == shown
+    assert all(d["blocks_needed"] > d["free_blocks"] for d in preempts)
+    assert f"{shown} of {shown} preemptions needed more blocks than were free" in text
+
+
+def assert_client_layer(m: Scrape) -> None:
+    """Layer 5: every request counted per client, traces joined, a duplicate flagged."""
+    per_client = m.by("kvscope_client_requests_total", "client")
+    assert sum(per_client.values()) == REQUESTS
+    assert set(per_client) == {"chat-frontend", "rag-service", "batch-summarizer",
+                               "retry-bot"}
+    assert m.total("kvscope_client_traces_joined_total") >= 0.99 * REQUESTS
+    assert m.total("kvscope_client_duplicate_requests_total") >= 1
+    agents = m.by("kvscope_user_agent_requests_total", "user_agent")
+    assert any(a.startswith("retry-bot/0.1 kvscope-client/") for a in agents), agents
+
+
+def assert_store_rows(stored: dict[str, int], shown: int) -> None:
+    """Once the demo has stopped: every table has rows, a trace and a client row per
+    request, a preempt decision per preemption."""
+    assert stored["request_traces"] == REQUESTS and stored["client_requests"] == REQUESTS
+    assert stored["preempt"] == shown
+    assert all(stored[t] > 0 for t in TABLES), stored
+
+
 def test_demo_every_layer_produced_data(tmp_path: Path) -> None:
     demo = Demo(tmp_path, *FAST, "--duration", "600")
     try:
         demo.wait_for(r"\(Ctrl-C to stop\)", 150)
         text = demo.text()
-        shown = int(re.search(r"^  preemptions\s+(\d+) \(", text, re.M).group(1))  # type: ignore[union-attr]
-        assert shown > 0, text
-        assert f"{REQUESTS}/{REQUESTS} requests answered (0 failed)" in text
-        assert f"{demo.base}/ui" in text and "query hourly_preemptions --dsn chdb://" in text
+        shown = findings_shown(demo, text)
         pids = demo.descendants()
         assert pids, "the sidecar runs as a child process"
-
         with httpx.Client(base_url=demo.base, timeout=10, trust_env=False) as http:
             m = Scrape(http.get("/metrics").text)
-            ui = http.get("/ui")
-            layout = http.get("/api/layout").json()
-            engines = http.get("/api/engines").json()["engines"]
-
-        # layer 1: Prometheus
-        assert m.value("kvscope_ledger_synced") == 1
-        assert m.value("vllm_scheduler_total_blocks") == 63
-        for gauge in ("free_blocks", "used_blocks", "max_contiguous_free_blocks",
-                      "tail_waste_tokens"):
-            assert m.value(f"vllm_scheduler_{gauge}") is not None, gauge
-        assert m.total("vllm_scheduler_preempted_requests_total") == shown
-        assert m.value("vllm_scheduler_preempted_requests_total", reason="kv_full") == shown
-        assert m.total("vllm_scheduler_requests_ended_total") == REQUESTS
-        # layer 2 (and the layout and decision rows): what ClickHouse acknowledged
-        rows = m.by("kvscope_sink_rows_written_total", "table")
-        assert rows["request_traces"] == REQUESTS and rows["client_requests"] == REQUESTS
-        assert all(rows.get(t, 0) > 0 for t in TABLES), rows
-        assert m.total("kvscope_sink_rows_dropped_total") == 0
-        # layer 3: the page and its data
-        assert ui.status_code == 200 and "<html" in ui.text.lower()
-        assert [e["engine"] for e in layout["engines"]] == [engines[0]["engine"]]
-        assert layout["engines"][0]["status"] == "ok" and layout["engines"][0]["layout"]
-        # layer 5: every request counted per client, traces joined, a duplicate flagged
-        per_client = m.by("kvscope_client_requests_total", "client")
-        assert sum(per_client.values()) == REQUESTS
-        assert set(per_client) == {"chat-frontend", "rag-service", "batch-summarizer",
-                                   "retry-bot"}
-        assert m.total("kvscope_client_traces_joined_total") >= 0.99 * REQUESTS
-        assert m.total("kvscope_client_duplicate_requests_total") >= 1
-        agents = m.by("kvscope_user_agent_requests_total", "user_agent")
-        assert any(a.startswith("retry-bot/0.1 kvscope-client/") for a in agents), agents
-        # layer 4: one preempt line per preemption, each with the facts to check its cause
-        log = [json.loads(ln) for ln in (demo.data / "decisions.jsonl").read_text().splitlines()]
-        preempts = [d for d in log if d["event"] == "preempt"]
-        assert len(preempts) == shown
-        assert all(d["blocks_needed"] > d["free_blocks"] for d in preempts)
-        assert f"{shown} of {shown} preemptions needed more blocks than were free" in text
-
+            assert_layout_layer(http)
+        assert_prometheus_layer(m, shown)
+        assert_rows_acknowledged(m)
+        assert_client_layer(m)
+        assert_decision_log(demo, text, shown)
         demo.proc.send_signal(signal.SIGINT)
         assert demo.finish() == 130, demo.text()
     finally:
         demo.kill()
     assert_gone(pids)
-    stored = stored_rows(demo.data / "chdb")
-    assert stored["request_traces"] == REQUESTS and stored["client_requests"] == REQUESTS
-    assert stored["preempt"] == shown
-    assert all(stored[t] > 0 for t in TABLES), stored
+    assert_store_rows(stored_rows(demo.data / "chdb"), shown)
 
 
 def test_ctrl_c_mid_run_stops_everything(tmp_path: Path) -> None:
