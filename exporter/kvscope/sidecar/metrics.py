@@ -289,14 +289,12 @@ class KVScopeCollector:
         f.g("vllm_scheduler_free_blocks").add_metric(lv, led.free)
         f.g("vllm_scheduler_cached_evictable_blocks").add_metric(lv, led.cached)
         f.g("vllm_scheduler_used_blocks").add_metric(lv, led.used)
-        runs = led.free_runs()
         f.g("vllm_scheduler_max_contiguous_free_blocks").add_metric(
-            lv, int(runs.max()) if runs.size else 0
-        )
+            lv, led.max_contiguous_free())
         rb = f.g("vllm_scheduler_free_block_runs", EL + ["le"])
-        for le in RUN_BUCKETS:
-            rb.add_metric(lv + [str(le)], int((runs <= le).sum()))
-        rb.add_metric(lv + ["+Inf"], int(runs.size))
+        for le, n in zip(RUN_BUCKETS, led.free_runs_at_most(RUN_BUCKETS), strict=True):
+            rb.add_metric(lv + [str(le)], n)
+        rb.add_metric(lv + ["+Inf"], int(led.free_runs().size))
         by_group, held = led.group_figures()
         waste = sum(by_group)
         f.g("vllm_scheduler_tail_waste_tokens").add_metric(lv, waste)
