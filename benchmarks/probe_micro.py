@@ -6,12 +6,12 @@ probe made of it. Each part is then replayed on its own in this one process and 
 many times; the figure per step is the MINIMUM over the repetitions (noise on a busy
 2-core machine only ever adds time), then p50 / p99 over the window's steps:
 
-- ``record``: ``Recorder.on_step`` on the engine thread (the columnar copy of the step;
-  the window's block ops and wrappers are not replayed: see ``self`` for those);
+- ``record``: ``Recorder.on_step`` on the engine thread (the columnar step record,
+  encoded there; the window's block ops and wrappers are not replayed: see ``self``);
 - ``self``: the probe's own per-step report from the real run (``Step.probe_ns``: the
   step record and every wrapper's time, wall clock, one run: noisy, not a minimum);
-- ``encode``: the sender thread's work: frames of ``--batch`` steps built and encoded,
-  per step;
+- ``encode``: the sender thread's work: frames of ``--batch`` encoded steps built and
+  encoded around them, per step;
 - ``ingest``: the sidecar's work for 8 engines replaying the window (decode, hub, ledger,
   request tracker), CPU time per engine step;
 - ``scrape``: ``/metrics`` for those 8 engines (collect + exposition), p50 / p99 of the
@@ -79,16 +79,17 @@ def record_window(pool: int, seqs: int, steps: int) -> dict[str, Any]:
         """This step's records are in the ring now: keep them with the step's output.
         The window starts when the batch is full, or at step WARMUP in a pool too small
         to hold a full batch (it preempts instead)."""
-        records = [item for _, item, _ in rec.ring]
+        records = [data for _, data in rec.ring]
         rec.ring.clear()
         rec.popped_bytes = rec.pushed_bytes
         if not head and (len(sched.running) >= int(seqs * 0.95) or i >= WARMUP):
             rec.keyframe(_now())  # the state the window starts from
-            head.append(rec.ring.popleft()[1])
+            head.append(_decode(rec.ring.popleft()[1]))
             rec.popped_bytes = rec.pushed_bytes
         elif head:
             outs.append(out)
-            steps_rec.append(next(r for r in records if type(r).__name__ == "Step"))
+            steps_rec.append(next(r for r in map(_decode, records)
+                                  if type(r).__name__ == "Step"))
             if len(outs) >= steps:
                 raise _Enough()
 
@@ -99,6 +100,14 @@ def record_window(pool: int, seqs: int, steps: int) -> dict[str, Any]:
         pass
     return {"pt": pt, "outs": outs, "steps": steps_rec, "keyframe": head[0],
             "preemptions": sum(len(o.preempted_req_ids) for o in outs)}
+
+
+def _decode(data: bytes) -> Any:
+    import msgspec
+
+    from kvscope_probe import wire
+
+    return msgspec.msgpack.decode(data, type=wire.Record)
 
 
 class _Enough(Exception):
@@ -130,15 +139,22 @@ def frames_of(steps: list[Any], batch: int, engine: str, session: str) -> list[A
 
 
 def time_encode(steps: list[Any], batch: int, reps: int) -> float:
-    """Fastest encode of all frames over ``reps``, per step, in microseconds."""
-    from kvscope_probe import wire
+    """The sender thread's work: fastest framing + encoding of all frames over ``reps``
+    (the records come encoded from the engine thread), per step, in microseconds."""
+    from types import SimpleNamespace
 
-    frames = frames_of(steps, batch, "0", "s")
+    import msgspec
+
+    from kvscope_probe import sender, wire
+
+    rec: Any = SimpleNamespace(hello=SimpleNamespace(engine="0", session="s"),
+                               ring_dropped=0, send_dropped=0, faults=0)
+    encoded = [msgspec.msgpack.encode(s) for s in steps]
     best = float("inf")
     for _ in range(reps):
         t0 = _now()
-        for f in frames:
-            wire.encode(f)
+        for i in range(0, len(encoded), batch):
+            wire.encode(sender.make_frame(rec, i, encoded[i:i + batch]))
         best = min(best, (_now() - t0) / 1e3 / len(steps))
     return best
 

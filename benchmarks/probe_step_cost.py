@@ -160,6 +160,17 @@ def summarise_pool(pool: str, offs: list[dict[str, Any]], ons: list[dict[str, An
         "proc_cpu_us_per_step_on": min(r["pools"][pool]["proc_cpu_ns"] for r in ons) / 1e3
         / max(1, steps),
         "sender_cpu_us_per_step": _per_step(probes, steps, lambda p: p["sender_cpu_ns"] / 1e3),
+        # where the process's CPU went, best of rounds per mode: the engine (main) thread,
+        # every other thread (the sender, libzmq's I/O thread), the collector's time
+        "main_cpu_us_per_step": {m: min(r["pools"][pool]["main_cpu_ns"] for r in rs) / 1e3
+                                 / max(1, steps) for m, rs in (("off", offs), ("on", ons))},
+        "other_threads_cpu_us_per_step": {
+            m: min(r["pools"][pool]["proc_cpu_ns"] - r["pools"][pool]["main_cpu_ns"]
+                   for r in rs) / 1e3 / max(1, steps) for m, rs in (("off", offs), ("on", ons))},
+        "gc_us_per_step": {m: median([r["pools"][pool]["gc_ns"] for r in rs]) / 1e3
+                           / max(1, steps) for m, rs in (("off", offs), ("on", ons))},
+        "gc_runs": {m: median([r["pools"][pool]["gc_runs"] for r in rs])
+                    for m, rs in (("off", offs), ("on", ons))},
         "sidecar_cpu_us_per_step": _per_step(probes, steps, lambda p: p["sidecar_cpu_s"] * 1e6),
         "attach_ms": median([p["attach_ns"] / 1e6 for p in probes]),
         "keyframe_p50_us": median([p["keyframe"]["p50_ns"] / 1e3 for p in probes]),
@@ -209,6 +220,18 @@ def print_tables(rows: list[dict[str, Any]], rounds: int) -> None:
               f"x{r['proc_cpu_us_per_step_on'] / max(1e-9, r['proc_cpu_us_per_step_off']):.3f}")
 
 
+def print_breakdown(rows: list[dict[str, Any]]) -> None:
+    """Where the engine process's CPU went, off -> on (us per step, best of rounds)."""
+    print(f"\n{'pool':>7} {'main thread':>16} {'other threads':>15} {'gc time':>14} "
+          f"{'gc runs':>14}  (us per step; off -> on)")
+    for r in rows:
+        m, o, g, n = (r["main_cpu_us_per_step"], r["other_threads_cpu_us_per_step"],
+                      r["gc_us_per_step"], r["gc_runs"])
+        print(f"{r['pool_blocks']:>7} {m['off']:>7.0f}->{m['on']:<7.0f} "
+              f"{o['off']:>6.1f}->{o['on']:<7.1f} {g['off']:>5.1f}->{g['on']:<7.1f} "
+              f"{n['off']:>6.0f}->{n['on']:<6.0f}")
+
+
 def orchestrate(args: argparse.Namespace) -> None:
     # A SIGTERM unwinds through the finally blocks, so the sidecar and workers stop.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -228,6 +251,7 @@ def orchestrate(args: argparse.Namespace) -> None:
         sidecar.stop()
     rows = [summarise_pool(str(p), runs["off"], runs["on"]) for p in args.pools]
     print_tables(rows, args.rounds)
+    print_breakdown(rows)
     print(noise_line([r["noise_before"] for r in runs["off"] + runs["on"]]))
     summary = {"benchmark": "probe_step_cost", "rounds": args.rounds,
                "requests": args.requests, "exclusive": args.exclusive, "git": git_state(),

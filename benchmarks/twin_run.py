@@ -88,6 +88,28 @@ class StepTimer:
         sched.add_request = add_request
 
 
+class GcTimer:
+    """Wall time the collector ran on any thread (gc.callbacks), and how often."""
+
+    def __init__(self) -> None:
+        self.ns = self.runs = 0
+        self._t0 = 0
+
+    def _cb(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t0 = _now()
+        else:
+            self.ns += _now() - self._t0
+            self.runs += 1
+
+    def __enter__(self) -> GcTimer:
+        gc.callbacks.append(self._cb)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._cb)
+
+
 class FillTracker:
     """How full the pool got, read between steps (outside the timed calls)."""
 
@@ -119,8 +141,12 @@ def run_pool(args: argparse.Namespace, pool: int, requests: list[Any]) -> dict[s
     twin = Twin(twin_config(pool), seed=0)
     watch = ProbeWatch(args, twin.scheduler, engine) if args.worker == "on" else None
     timer, fill = StepTimer(twin.scheduler), FillTracker(twin.scheduler)
+    gc_timer = GcTimer()
     cpu0 = time.process_time_ns()  # every thread of this process: the engine's and the sender's
-    res = twin.run(requests, on_step=fill.on_step)
+    main0 = _cpu()
+    with gc_timer:
+        res = twin.run(requests, on_step=fill.on_step)
+    main_cpu_ns = _cpu() - main0
     proc_cpu_ns = time.process_time_ns() - cpu0
     sched_ns, upd_ns = list(timer.schedule_ns), list(timer.update_ns)
     out: dict[str, Any] = {
@@ -128,6 +154,7 @@ def run_pool(args: argparse.Namespace, pool: int, requests: list[Any]) -> dict[s
         "wall_s": res.wall_seconds, "schedule_ns": sched_ns, "proc_cpu_ns": proc_cpu_ns,
         "schedule_cpu_ns": list(timer.schedule_cpu_ns),
         "step_ns": [s + u for s, u in zip(sched_ns, upd_ns, strict=True)],
+        "main_cpu_ns": main_cpu_ns, "gc_ns": gc_timer.ns, "gc_runs": gc_timer.runs,
         "add_mean_ns": sum(timer.add_ns) / max(1, len(timer.add_ns)),
         "peak_used_ratio": fill.peak_used / fill.usable,
         "pool_reach_ratio": fill.max_block_id / fill.usable,

@@ -17,7 +17,6 @@ class PoolMirror:
     def __init__(self, pool: Any) -> None:
         self.pool = pool
         self.ops: list[tuple[int, list[int]]] = []
-        self.op_blocks = 0  # block IDs in ``ops``: the step record's size
         self.nulled: list[wire.Nulled] = []
         self.relocated: list[wire.Nulled] = []
         self.null_ctx: tuple[str, int] | None = None
@@ -37,12 +36,11 @@ class PoolMirror:
         return states
 
     def take_ops(self) -> tuple[list[tuple[int, list[int]]], list[wire.Nulled],
-                                list[wire.Nulled], int]:
-        """The ops, nullings, relocations and op block count since the last call; resets
-        them."""
-        ops, nulled, moved, n = self.ops, self.nulled, self.relocated, self.op_blocks
-        self.ops, self.nulled, self.relocated, self.op_blocks = [], [], [], 0
-        return ops, nulled, moved, n
+                                list[wire.Nulled]]:
+        """The ops, nullings and relocations since the last call; resets them."""
+        ops, nulled, moved = self.ops, self.nulled, self.relocated
+        self.ops, self.nulled, self.relocated = [], [], []
+        return ops, nulled, moved
 
     def on_relocate(self, manager: Any, req_blocks: Any, block_idx: int) -> None:
         """``manager`` moved ``req_blocks[block_idx]`` to the end of that table (the null
@@ -61,7 +59,6 @@ class PoolMirror:
             for i in ids:
                 st[i] = wire.STATE_USED
             self.ops.append((wire.OP_ALLOC, ids))
-            self.op_blocks += len(ids)
 
     def on_free(self, blocks: Any) -> None:
         if self.null_ctx is not None:
@@ -83,7 +80,6 @@ class PoolMirror:
             for i in cached:
                 st[i] = wire.STATE_CACHED
             self.ops.append((wire.OP_FREE_CACHED, cached))
-        self.op_blocks += len(plain) + len(cached)
 
     def on_uncache(self, block_ids: Any) -> None:
         st = self.states
@@ -92,7 +88,6 @@ class PoolMirror:
             st[i] = wire.STATE_FREE
         if ids:
             self.ops.append((wire.OP_UNCACHE, ids))
-            self.op_blocks += len(ids)
 
     def on_uncache_all(self) -> None:
         self.states = bytearray(

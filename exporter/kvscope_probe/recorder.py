@@ -1,11 +1,14 @@
 """Per-scheduler state of the probe, touched only by vLLM's engine thread.
 
-At the end of every ``schedule()`` the engine thread copies what the step changed into
-one columnar ``wire.Step`` (bulk copies of vLLM's lists and dicts, no struct per
-request) and appends it to a ring bounded in entries and bytes. It keeps no reference to
-vLLM's ``SchedulerOutput``: on one GPU the model runner lives in this process and
-extends that output's block lists in place after ``schedule()`` returns. It never
-encodes, sends or blocks; the sender thread (``sender.py``) does.
+At the end of every ``schedule()`` the engine thread encodes what the step changed as
+one columnar ``wire.Step`` (msgpack straight from vLLM's lists and dicts, no struct per
+request, no copy of them first) and appends the bytes to a ring bounded in entries and
+exact bytes. It keeps no reference to vLLM's ``SchedulerOutput``: on one GPU the model
+runner lives in this process and extends that output's block lists in place after
+``schedule()`` returns. Encoding here rather than on the sender thread costs the engine
+thread about what copying did, and nothing the ring holds is a container for the garbage
+collector to scan and promote (a ring of copied lists made the collector run five times
+as often). It never sends or blocks; the sender thread (``sender.py``) does.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import uuid
 from collections import deque
 from itertools import compress
 from typing import Any
+
+import msgspec
 
 from kvscope_probe import wire
 from kvscope_probe.identity import engine_identity
@@ -36,11 +41,8 @@ tables on every step for as long as the outage lasts."""
 
 
 RING_BYTES = 64 << 20
-"""Default bound of the ring in (estimated) bytes, beside its bound in entries."""
-STEP_BYTES = 256
-REQ_BYTES = 96  # a scheduled request: its ID twice, a token count, a computed count
-BLOCK_BYTES = 9
-
+"""Default bound of the ring in encoded bytes, beside its bound in entries."""
+_encode = msgspec.msgpack.Encoder().encode
 
 
 class Recorder(PoolMirror):
@@ -53,7 +55,8 @@ class Recorder(PoolMirror):
         self.mgr = mgr
         super().__init__(mgr.block_pool)
         self.enabled = True
-        self.ring: deque[tuple[int, wire.Record, int]] = deque()
+        self.ring: deque[tuple[int, bytes]] = deque()
+        """(sequence number, the record encoded)."""
         self.ring_size = ring_size
         self.ring_bytes = ring_bytes
         self.pushed_bytes = 0  # written by the engine thread only
@@ -124,18 +127,19 @@ class Recorder(PoolMirror):
         )
 
     # -- ring -------------------------------------------------------------------
-    def push(self, item: wire.Record, size: int = STEP_BYTES) -> None:
-        """Append one record of about ``size`` bytes, or drop it (counted) when the ring
-        is full in entries or bytes."""
+    def push(self, item: wire.Record) -> None:
+        """Encode one record and append it, or drop it (counted) when the ring is full
+        in entries or bytes."""
+        data = _encode(item)
         seq = self.seq
         self.seq = seq + 1
         if (len(self.ring) >= self.ring_size
-                or self.pushed_bytes - self.popped_bytes + size > self.ring_bytes):
+                or self.pushed_bytes - self.popped_bytes + len(data) > self.ring_bytes):
             self.ring_dropped += 1
             self.want_keyframe = True
             return
-        self.pushed_bytes += size
-        self.ring.append((seq, item, size))
+        self.pushed_bytes += len(data)
+        self.ring.append((seq, data))
 
     def watch_need(self, free_blocks: int) -> None:
         """Watch ``KVCacheCoordinator.get_num_blocks_to_allocate`` on this coordinator only
@@ -259,21 +263,19 @@ class Recorder(PoolMirror):
     def on_step(self, out: Any, schedule_ns: int, t_end: int) -> None:
         """After schedule(): one ring entry; a keyframe when due or after a gap.
 
-        Everything taken from ``out`` is copied here (C-level copies of its lists and
-        dict; the few changed block tables element by element), on the engine thread.
+        The Step holds vLLM's own lists, dict and sets (never modified here): ``push``
+        encodes it at once, on the engine thread, before the model runner can touch them.
         """
         sched = self.sched
-        ops, nulled, moved, op_blocks = self.take_ops()
+        ops, nulled, moved = self.take_ops()
         arrivals, self.arrivals = self.arrivals, []
         ends, self.ends = self.ends, []
         pre, self.preemptions = self.preemptions, []
         free = self.pool.get_num_free_blocks()
         c = out.scheduled_cached_reqs
         nb = c.new_block_ids
-        grown_ids = list(compress(c.req_ids, nb))
-        grown = [[list(g) for g in t] for t in filter(None, nb)]
-        new = [wire.NewReq(r.req_id, [list(g) for g in r.block_ids],
-                           r.num_computed_tokens) for r in out.scheduled_new_reqs]
+        new = [wire.NewReq(r.req_id, r.block_ids, r.num_computed_tokens)
+               for r in out.scheduled_new_reqs] if out.scheduled_new_reqs else []
         nst = out.num_scheduled_tokens
         rolled = self._rolled_back(out.scheduled_spec_decode_tokens, nst)
         head = self.waiting_head()
@@ -281,13 +283,13 @@ class Recorder(PoolMirror):
         if self.kv_holding is not None:
             waiting += len(self.kv_holding)
         self.push(wire.Step(
-            _wall(), ops, new, dict(nst), list(c.req_ids), list(c.num_computed_tokens),
-            grown_ids, grown, list(c.resumed_req_ids), nulled, moved,
-            list(out.finished_req_ids), list(out.preempted_req_ids), pre, arrivals, ends,
+            _wall(), ops, new, nst, c.req_ids, c.num_computed_tokens,
+            list(compress(c.req_ids, nb)), list(filter(None, nb)), c.resumed_req_ids,
+            nulled, moved, out.finished_req_ids, out.preempted_req_ids, pre, arrivals, ends,
             out.total_num_scheduled_tokens, sched.max_num_scheduled_tokens,
             len(sched.running), waiting, head[0], head[1], free, schedule_ns,
             self.last_probe_ns, rolled,
-        ), STEP_BYTES + REQ_BYTES * len(nst) + BLOCK_BYTES * op_blocks)
+        ))
         due = t_end >= self.next_keyframe_ns
         if due or (self.want_keyframe and t_end >= self.next_forced_ns):
             self.keyframe(t_end)
@@ -321,8 +323,6 @@ class Recorder(PoolMirror):
         get_ids = self.mgr.get_block_ids
         # Requests that hold KV blocks while they wait (remote KV loads) own blocks too.
         holders = [*self.sched.running, *(self.kv_holding or ())]
-        tables = {r.request_id: [list(g) for g in get_ids(r.request_id)] for r in holders}
+        tables = {r.request_id: get_ids(r.request_id) for r in holders}
         tokens = {r.request_id: int(r.num_computed_tokens) for r in holders}
-        size = len(self.states) + REQ_BYTES * len(tables) + BLOCK_BYTES * sum(
-            len(g) for t in tables.values() for g in t)
-        self.push(wire.Keyframe(self.hello, bytes(self.states), tables, tokens), size)
+        self.push(wire.Keyframe(self.hello, self.states, tables, tokens))

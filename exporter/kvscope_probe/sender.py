@@ -13,6 +13,8 @@ import threading
 import time
 from typing import Any
 
+import msgspec
+
 from kvscope_probe import transport, wire
 from kvscope_probe.recorder import Recorder
 
@@ -29,16 +31,17 @@ HEARTBEAT_S = 2.0
 """How long the sender waits, once, for its first connection before it starts sending."""
 
 
-def pop_run(rec: Recorder) -> tuple[int, list[wire.Record]]:
+def pop_run(rec: Recorder) -> tuple[int, list[bytes]]:
     """Pop up to MAX_BATCH ring entries with consecutive sequence numbers."""
     ring = rec.ring
-    first, item, size = ring.popleft()
-    items = [item]
+    first, data = ring.popleft()
+    items = [data]
+    size = len(data)
     expect = first + 1
     while ring and len(items) < MAX_BATCH and ring[0][0] == expect:
-        _, item, n = ring.popleft()
-        items.append(item)
-        size += n
+        data = ring.popleft()[1]
+        items.append(data)
+        size += len(data)
         expect += 1
     rec.popped_bytes += size
     return first, items
@@ -49,17 +52,17 @@ def take_batch(rec: Recorder) -> wire.Frame:
     return make_frame(rec, *pop_run(rec))
 
 
-def make_frame(rec: Recorder, first: int, items: list[wire.Record],
-               cpu_ns: int = 0) -> wire.Frame:
-    """The ring's records are wire records already: a frame is a list around them.
-    ``cpu_ns``: the sender thread's CPU time so far."""
+def make_frame(rec: Recorder, first: int, items: list[bytes], cpu_ns: int = 0) -> wire.Frame:
+    """The ring's records are encoded already: a frame is a list around them, its
+    records msgspec.Raw (encoding the frame copies their bytes). ``cpu_ns``: the sender
+    thread's CPU time so far."""
     return wire.Frame(
         engine=rec.hello.engine,
         session=rec.hello.session,
         first_seq=first,
         dropped=rec.ring_dropped + rec.send_dropped,
         faults=rec.faults,
-        records=items,
+        records=list(map(msgspec.Raw, items)),
         sender_cpu_ns=cpu_ns,
     )
 

@@ -48,7 +48,7 @@ def real_frames() -> list[wire.Frame]:
 
     def drain(_i: int, _out: Any) -> None:
         while rec.ring:
-            frames.append(sender.take_batch(rec))
+            frames.append(wire.decode(wire.encode(sender.take_batch(rec))))
 
     mp = pytest.MonkeyPatch()
     mp.setattr(sender, "MAX_BATCH", 4)

@@ -39,6 +39,46 @@ def max_run(ids: set[int]) -> int:
     return best
 
 
+def runs_of(ids: set[int]) -> list[int]:
+    """Lengths of the maximal runs of consecutive IDs, sorted."""
+    runs: list[int] = []
+    prev = None
+    for i in sorted(ids):
+        if prev is not None and i == prev + 1:
+            runs[-1] += 1
+        else:
+            runs.append(1)
+        prev = i
+    return sorted(runs)
+
+
+def group_truth(sched: Any, sizes: list[int]) -> tuple[list[int], list[int]]:
+    """Per KV group, from vLLM's own tables and counts: tail waste (slots beyond the
+    computed tokens) and held blocks (entries that are not the null block 0)."""
+    waste, held = [0] * len(sizes), [0] * len(sizes)
+    get_ids = sched.kv_cache_manager.get_block_ids
+    for req in sched.running:
+        for g, ids in enumerate(get_ids(req.request_id)):
+            waste[g] += max(0, len(ids) * sizes[g] - req.num_computed_tokens)
+            held[g] += sum(b != 0 for b in ids)
+    return waste, held
+
+
+def figures_difference(led: Any, sched: Any, free: set[int]) -> str | None:
+    """The scrape's figures (free runs, per-group waste and held blocks) against vLLM."""
+    runs = runs_of(free)
+    if led.free_runs().tolist() != runs:
+        return f"free runs: ledger {led.free_runs().tolist()[:8]}, pool {runs[:8]}"
+    at_most = [sum(r <= le for r in runs) for le in (1, 4, 64)]
+    mine = led.free_runs_at_most((1, 4, 64))
+    if mine != at_most:
+        return f"free runs at most 1/4/64: ledger {mine}, pool {at_most}"
+    truth = group_truth(sched, led.group_block_sizes)
+    if led.group_figures() != truth:
+        return f"group waste/held: ledger {led.group_figures()}, vLLM {truth}"
+    return None
+
+
 def _sample(ids: set[int], n: int = 8) -> list[int]:
     return sorted(ids)[:n]
 
@@ -87,7 +127,7 @@ class PoolCheck:
                     f"pool {len(free)}/{len(cached)}")
         if led.max_contiguous_free() != max_run(free):
             return f"max contiguous free: ledger {led.max_contiguous_free()}, pool {max_run(free)}"
-        return self._tables_difference(led)
+        return self._tables_difference(led) or figures_difference(led, self.sched, free)
 
     def _tables_difference(self, led: Any) -> str | None:
         running = {r.request_id: r for r in self.sched.running}

@@ -15,7 +15,7 @@ from kvscope.twin import TwinConfig, WorkloadSpec, generate
 from kvscope_probe import plugin, wire
 from kvscope_probe.recorder import Recorder
 from kvscope_probe.sender import take_batch
-from tests.twin.exactness import max_run, pool_truth
+from tests.twin.exactness import figures_difference, max_run, pool_truth
 
 pytestmark = pytest.mark.twin
 
@@ -63,6 +63,7 @@ def run_checked(policy: str, num_blocks: int, n_requests: int, seed: int) -> dic
         for rid, r in running.items():
             assert led.tables[rid] == [list(g) for g in sched.kv_cache_manager.get_block_ids(rid)]
             assert led.tokens[rid] == r.num_computed_tokens
+        assert figures_difference(led, sched, free) is None
         stats["steps"] += 1
         stats["disarmed"] += not rec.need_armed
         stats["checked"] += 1

@@ -2,66 +2,25 @@
 
 A ``RequestTracker`` listens to EngineState events (it runs on the receiver thread, after
 the ledger has applied each step) and emits rows from ``kvscope.store.rows`` to one
-callable. It keeps a little state per live request, bounded: requests whose end never
-arrives (a gap) are evicted oldest first and counted.
+callable. It keeps a little state per live request (``request_tables.Live``), bounded:
+requests whose end never arrives (a gap) are evicted oldest first and counted. The
+per-second rollups and admission decisions are ``rollups.Rollups``.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from kvscope.sidecar.capacity import head_fit
 from kvscope.sidecar.engine import EngineState, PreemptionSeen
-from kvscope.store.rows import RequestEvent, RequestTrace, SchedulerDecision, StepStat
+from kvscope.sidecar.request_tables import Live, extend_table, set_table
+from kvscope.sidecar.rollups import Rollups
+from kvscope.store.rows import RequestEvent, RequestTrace, SchedulerDecision
 from kvscope_probe import wire
 
 Emit = Callable[[Any], None]
 MAX_LIVE_REQUESTS = 100_000
-BLOCKED_REPEAT_S = 10.0
-
-
-
-@dataclass
-class _Live:
-    """What is known of one request between its arrival and its end."""
-
-    arrival_ts: float
-    prompt_len: int = 0
-    max_tokens: int = 0
-    admitted_ts: float = -1.0
-    first_token_ts: float = -1.0
-    free_at_alloc: int = -1
-    maxrun_at_alloc: int = -1
-    cached_tokens: int = -1
-    blocks: int = 0
-    peak_blocks: int = 0
-    fragments: int = 0
-    last_ids: list[int] = field(default_factory=list)
-    preemptions: int = 0
-    last_reason: str = ""
-    lost_tokens: int = 0
-    recomputed: int = 0
-
-
-@dataclass
-class _Second:
-    """Accumulates one engine-second of steps for StepStat."""
-
-    start: float
-    steps: int = 0
-    scheduled: int = 0
-    budget: int = 0
-    min_free: int = -1
-    sum_free: int = 0
-    free_samples: int = 0
-    min_maxrun: int = -1
-    max_used: int = 0
-    sum_running: int = 0
-    max_waiting: int = 0
-    preemptions: int = 0
 
 
 class RequestTracker:
@@ -69,10 +28,8 @@ class RequestTracker:
 
     def __init__(self, emit: Emit) -> None:
         self.emit = emit
-        self.live: dict[str, OrderedDict[str, _Live]] = {}
-        self.seconds: dict[str, _Second] = {}
-        self.blocked_since: dict[str, float] = {}
-        self.never_fit_head: dict[str, str] = {}
+        self.live: dict[str, OrderedDict[str, Live]] = {}
+        self.rollups = Rollups(emit, self._decision)
         self.prefilling: dict[str, set[str]] = {}
         self.evicted = 0
 
@@ -81,14 +38,13 @@ class RequestTracker:
         if kind == "hello":
             self.live[st.key] = OrderedDict()
             self.prefilling[st.key] = set()
-            self.seconds.pop(st.key, None)
-            self.never_fit_head.pop(st.key, None)
+            self.rollups.forget(st.key)
         elif kind == "step":
             self._step(st, payload)  # type: ignore[arg-type]
         elif kind == "preemption":
             self._preemption(st, payload)  # type: ignore[arg-type]
 
-    def _reqs(self, st: EngineState) -> OrderedDict[str, _Live]:
+    def _reqs(self, st: EngineState) -> OrderedDict[str, Live]:
         return self.live.setdefault(st.key, OrderedDict())
 
     def _event(self, st: EngineState, ts: float, rid: str, event: str, **kw: Any) -> None:
@@ -120,18 +76,18 @@ class RequestTracker:
         free = led.free if led.synced else -1
         pending = self._pending(st)
         for a in s.arrivals:
-            reqs[a.req_id] = _Live(a.arrival_time, a.prompt_len, a.max_tokens)
+            reqs[a.req_id] = Live(a.arrival_time, a.prompt_len, a.max_tokens)
             self._event(st, a.arrival_time, a.req_id, "queued", tokens=0)
         # Sampled (at most MAXRUN_SAMPLE_S old): a scan of the pool per admitting step
         # would cost the sidecar more than the rest of the step at 128k blocks.
         maxrun = st.sampled_max_contiguous_free() if (s.new_reqs and led.synced) else -1
         for r in s.new_reqs:
-            live = reqs.get(r.req_id) or reqs.setdefault(r.req_id, _Live(s.ts))
+            live = reqs.get(r.req_id) or reqs.setdefault(r.req_id, Live(s.ts))
             first = live.admitted_ts < 0
             if first:
                 live.admitted_ts, live.free_at_alloc, live.maxrun_at_alloc = s.ts, free, maxrun
                 live.cached_tokens = r.computed_tokens
-            self._set_table(live, led.tables.get(r.req_id, r.block_ids))
+            set_table(live, led.tables.get(r.req_id, r.block_ids))
             self._event(st, s.ts, r.req_id, "admitted" if first else "resumed",
                         blocks=live.blocks, total_blocks=live.blocks, free_blocks=free,
                         max_contiguous_free=maxrun, tokens=self._tokens(led, r.req_id))
@@ -141,7 +97,7 @@ class RequestTracker:
         for n in s.nulled:
             live = reqs.get(n.req_id)
             if live is not None and n.req_id in led.tables:
-                self._set_table(live, led.tables[n.req_id])
+                set_table(live, led.tables[n.req_id])
         resumed = s.resumed
         for rid, groups in zip(s.grown_ids, s.grown_blocks, strict=True):
             live = reqs.get(rid)
@@ -149,22 +105,22 @@ class RequestTracker:
                 continue
             tokens = self._tokens(led, rid)
             if rid in resumed:
-                self._set_table(live, groups)
+                set_table(live, groups)
                 self._event(st, s.ts, rid, "resumed", blocks=live.blocks,
                             total_blocks=live.blocks, free_blocks=free, tokens=tokens)
                 hits = led.computed.get(rid, 0)
                 self._resumed(st, s, live, rid, hits)
                 pending.add(rid)
             elif any(groups):
-                n = self._extend_table(live, groups)
+                n = extend_table(live, groups)
                 self._event(st, s.ts, rid, "allocated", blocks=n,
                             total_blocks=live.blocks, free_blocks=free, tokens=tokens)
         self._first_tokens(reqs, pending, led, s)
         for e in s.ends:
             pending.discard(e.req_id)
             self._end(st, e, reqs.pop(e.req_id, None))
-        self._admission(st, s)
-        self._rollup(st, s)
+        self.rollups.admission(st, s)
+        self.rollups.step(st, s)
         while len(reqs) > MAX_LIVE_REQUESTS:
             rid, _ = reqs.popitem(last=False)
             pending.discard(rid)
@@ -178,7 +134,7 @@ class RequestTracker:
     def _tokens(led: Any, rid: str) -> int:
         return led.computed.get(rid, 0) + led.scheduled.get(rid, 0)
 
-    def _first_tokens(self, reqs: OrderedDict[str, _Live], pending: set[str], led: Any,
+    def _first_tokens(self, reqs: OrderedDict[str, Live], pending: set[str], led: Any,
                       s: wire.Step) -> None:
         sched = s.num_scheduled
         for rid in [r for r in pending if r in sched]:
@@ -191,38 +147,7 @@ class RequestTracker:
                 live.first_token_ts = s.ts
                 pending.discard(rid)
 
-    def _set_table(self, live: _Live, groups: list[list[int]]) -> None:
-        """Blocks held (null placeholders excluded) and their runs, from a whole table."""
-        live.blocks = 0
-        live.fragments = 0
-        live.last_ids = []
-        for ids in groups:
-            prev = -2
-            for b in ids:
-                if b == 0:  # vLLM's null block: a placeholder, not a held block
-                    continue
-                live.blocks += 1
-                live.fragments += b != prev + 1
-                prev = b
-            live.last_ids.append(prev)
-        live.peak_blocks = max(live.peak_blocks, live.blocks)
-
-    def _extend_table(self, live: _Live, groups: list[list[int]]) -> int:
-        added = 0
-        while len(live.last_ids) < len(groups):
-            live.last_ids.append(-2)
-        for g, ids in enumerate(groups):
-            prev = live.last_ids[g]
-            for b in ids:
-                live.fragments += b != prev + 1
-                prev = b
-            live.last_ids[g] = prev
-            added += len(ids)
-        live.blocks += added
-        live.peak_blocks = max(live.peak_blocks, live.blocks)
-        return added
-
-    def _resumed(self, st: EngineState, s: wire.Step, live: _Live, rid: str, hits: int) -> None:
+    def _resumed(self, st: EngineState, s: wire.Step, live: Live, rid: str, hits: int) -> None:
         redo = max(0, live.lost_tokens - hits)
         live.recomputed += redo
         live.lost_tokens = 0
@@ -253,7 +178,7 @@ class RequestTracker:
                        reason=f.reason, blocks_needed=needed, free_blocks=f.free_blocks,
                        maxrun=maxrun, tokens=f.computed_tokens_lost)
 
-    def _end(self, st: EngineState, e: wire.End, live: _Live | None) -> None:
+    def _end(self, st: EngineState, e: wire.End, live: Live | None) -> None:
         aborted = e.status == "FINISHED_ABORTED"
         self._event(st, e.ts, e.req_id, "aborted" if aborted else "finished",
                     tokens=e.prompt_len + e.output_len, detail=e.status)
@@ -285,82 +210,7 @@ class RequestTracker:
             e2e_seconds=e.ts - arrival, finish_reason=e.status))
 
     # -- admission and rollups ---------------------------------------------------------
-    def _admission(self, st: EngineState, s: wire.Step) -> None:
-        if self._never_fits(st, s):
-            return
-        led = st.ledger
-        blocked = (s.waiting > 0 and not s.new_reqs and led.synced
-                   and s.head_blocks_needed > led.free)
-        if not blocked:
-            self.blocked_since.pop(st.key, None)
-            return
-        last = self.blocked_since.get(st.key)
-        if last is not None and s.ts - last < BLOCKED_REPEAT_S:
-            return
-        self.blocked_since[st.key] = s.ts
-        self._decision(st, s.ts, "admission_blocked", s.head_req_id,
-                       f"Admission blocked: request {s.head_req_id} at the head of the "
-                       f"waiting queue needs {s.head_blocks_needed} blocks, "
-                       f"free_blocks={led.free} waiting={s.waiting}",
-                       blocks_needed=s.head_blocks_needed, free_blocks=led.free)
-
-    def _never_fits(self, st: EngineState, s: wire.Step) -> bool:
-        """One ``never_fits`` decision per request that reaches the head of the waiting
-        queue needing more blocks than the pool holds; True while such a head waits (it
-        is not reported as ``admission_blocked``: no freed block would admit it)."""
-        fit = head_fit(st.hello, s)
-        if fit is None or not fit.never_fits:
-            self.never_fit_head.pop(st.key, None)
-            return False
-        if self.never_fit_head.get(st.key) != fit.req_id:
-            self.never_fit_head[st.key] = fit.req_id
-            self._decision(st, s.ts, "never_fits", fit.req_id,
-                           f"Never fits: request {fit.req_id} at the head of the waiting "
-                           f"queue needs at least {fit.min_blocks} blocks, more than the "
-                           f"{fit.usable_blocks} usable blocks of the whole pool; it and the "
-                           f"{s.waiting - 1} requests behind it wait while it stays there",
-                           blocks_needed=fit.min_blocks, free_blocks=st.ledger.free
-                           if st.ledger.synced else -1)
-        return True
-
-    def _rollup(self, st: EngineState, s: wire.Step) -> None:
-        second = float(int(s.ts))
-        acc = self.seconds.get(st.key)
-        if acc is not None and acc.start != second:
-            self._flush_second(st, acc)
-            acc = None
-        if acc is None:
-            acc = self.seconds[st.key] = _Second(second)
-        led = st.ledger
-        acc.steps += 1
-        acc.scheduled += s.scheduled_tokens
-        acc.budget += s.token_budget
-        acc.sum_running += s.running
-        acc.max_waiting = max(acc.max_waiting, s.waiting)
-        acc.preemptions += len(s.preemptions)
-        if led.synced:
-            acc.min_free = led.free if acc.min_free < 0 else min(acc.min_free, led.free)
-            acc.sum_free += led.free
-            acc.free_samples += 1
-            acc.max_used = max(acc.max_used, led.used)
-            if acc.steps == 1 or s.preemptions:
-                run = led.max_contiguous_free()
-                acc.min_maxrun = run if acc.min_maxrun < 0 else min(acc.min_maxrun, run)
-
-    def _flush_second(self, st: EngineState, acc: _Second) -> None:
-        self.emit(StepStat(
-            ts=acc.start, model=st.hello.model, engine=st.engine, server=st.server, steps=acc.steps,
-            scheduled_tokens=acc.scheduled, budget_tokens=acc.budget, min_free_blocks=acc.min_free,
-            avg_free_blocks=acc.sum_free / acc.free_samples if acc.free_samples else -1.0,
-            min_max_contiguous_free=acc.min_maxrun, max_used_blocks=acc.max_used,
-            avg_running=acc.sum_running / acc.steps, max_waiting=acc.max_waiting,
-            preemptions=acc.preemptions,
-            tail_waste_tokens=st.ledger.tail_waste_tokens() if st.ledger.synced else -1))
 
     def flush(self, hub_engines: dict[str, EngineState]) -> None:
         """Emit the open per-second rollups (at shutdown)."""
-        for engine, acc in list(self.seconds.items()):
-            st = hub_engines.get(engine)
-            if st is not None:
-                self._flush_second(st, acc)
-        self.seconds.clear()
+        self.rollups.flush(hub_engines)
