@@ -1,4 +1,4 @@
-"""``kvscope query NAME``: run a saved query of ``kvscope/clickhouse/queries`` and print it.
+"""``kvscope query NAME``: run a saved query of ``kvscope/store/clickhouse/queries`` and print it.
 
 A saved query is a ``.sql`` file whose leading comment says what it answers. It takes
 ClickHouse query parameters (``{name:Type}``); a ``-- @param name = value`` line in that

@@ -1,4 +1,4 @@
-"""ClickHouse DDL and saved queries: the ``.sql`` files shipped in ``kvscope/clickhouse/``.
+"""ClickHouse DDL and saved queries: the ``.sql`` files shipped in ``kvscope/store/clickhouse/``.
 
 ``schema/*.sql`` is applied in name order, idempotently (``IF NOT EXISTS``), with two
 placeholders: ``{database}`` and ``{ttl_days}``. The same files render a cluster variant:

@@ -2,7 +2,7 @@
 
 One code path for a server (``http://`` / ``https://``) and the embedded engine
 (``chdb:///abs/path``, clickhouse-connect's in-process chDB backend): DDL from
-``kvscope/clickhouse/schema`` applied at connect, every batch inserted as ``FORMAT Arrow``
+``kvscope/store/clickhouse/schema`` applied at connect, every batch inserted as ``FORMAT Arrow``
 with its own ``insert_deduplication_token``. Queueing, spooling and retries live in
 ``kvscope.sinks.delivery``; this module only knows how to reach the store and insert one
 batch. Credentials in a DSN never reach a log line, an error or ``stats()``.
