@@ -6,9 +6,10 @@ import argparse
 import logging
 import sys
 
-from kvscope import __version__, layout_dump, loadgen, query, schema, whatif
+from kvscope import __version__, layout_dump, loadgen, query, schema
 from kvscope.config import ENV, ConfigError, from_sources
 from kvscope.twin.config import LAYOUTS, TwinConfig
+from kvscope.whatif import cli as whatif
 
 
 def _serve_args(p: argparse.ArgumentParser) -> None:

@@ -24,10 +24,10 @@ from typing import Any
 
 from kvscope.twin.config import LAYOUTS
 from kvscope.twin.workload import TwinRequest, WorkloadSpec, generate
-from kvscope.whatif_measure import Measurement, measure
-from kvscope.whatif_replay import ReplayError, load
-from kvscope.whatif_report import RENDERERS, Report, timings, write_png
-from kvscope.whatif_settings import KEYS, Setting, build, tiny_model_bytes_per_token
+from kvscope.whatif.measure import Measurement, measure
+from kvscope.whatif.replay import ReplayError, load
+from kvscope.whatif.report import RENDERERS, Report, timings, write_png
+from kvscope.whatif.settings import KEYS, Setting, build, tiny_model_bytes_per_token
 
 _AXIS_HELP = {
     "block_size": "tokens per KV block, multiples of 16 (default 32); a CPU vLLM server "

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvscope.whatif_measure import Measurement
-from kvscope.whatif_settings import Setting
+from kvscope.whatif.measure import Measurement
+from kvscope.whatif.settings import Setting
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ RENDERERS: dict[str, Callable[[Report], str]] = {"table": table, "json": as_json
 
 def write_png(report: Report, path: Path) -> tuple[int, int]:
     """Draw one bar chart per metric; returns the image size (width, height)."""
-    from kvscope.whatif_chart import draw
+    from kvscope.whatif.chart import draw
 
     image = draw([record(s, m) for s, m in report.columns], report.workload)
     image.save(path, format="PNG")
