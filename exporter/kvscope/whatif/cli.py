@@ -17,17 +17,18 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from kvscope.twin.config import LAYOUTS
-from kvscope.twin.workload import TwinRequest, WorkloadSpec, generate
-from kvscope.whatif.measure import Measurement, measure
-from kvscope.whatif.replay import ReplayError, load
+from kvscope.whatif.measure import measure
+from kvscope.whatif.plan import MIX, Plan, plan
+from kvscope.whatif.progress import Progress
+from kvscope.whatif.recorded import Fidelity, figures
 from kvscope.whatif.report import RENDERERS, Report, timings, write_png
-from kvscope.whatif.settings import KEYS, Setting, build, tiny_model_bytes_per_token
+from kvscope.whatif.settings import KEYS, Setting, tiny_model_bytes_per_token
+
+__all__ = ["Plan", "Report", "add_parser", "compare", "plan", "run"]
 
 _AXIS_HELP = {
     "block_size": "tokens per KV block, multiples of 16 (default 32); a CPU vLLM server "
@@ -44,21 +45,6 @@ _AXIS_HELP = {
     "async_scheduling": "on: vLLM's AsyncScheduler, one step in flight (default off)",
     "spec_tokens": "draft tokens per step of a draft-model speculator (default 0)",
 }
-# WorkloadSpec field -> (flag, type, help); ranges are LOW:HIGH.
-_MIX = {
-    "short_fraction": ("--short-fraction", float, "share of short prompts (0.7)"),
-    "short_prompt": ("--short-prompt", "range", "short prompt tokens (8:48)"),
-    "long_prompt": ("--long-prompt", "range", "long prompt tokens before the prefix (300:700)"),
-    "shared_prefix_fraction": ("--shared-prefix-fraction", float,
-                               "share of long prompts with the shared prefix (0.5)"),
-    "shared_prefix_len": ("--shared-prefix-len", int, "shared prefix tokens (256)"),
-    "max_tokens": ("--max-tokens", "range", "output tokens (32:256)"),
-    "waves": ("--waves", int, "arrival waves (4)"),
-    "wave_interval_steps": ("--wave-interval", int, "steps between waves (20)"),
-    "priorities": ("--priorities", "range", "priority range, lower first (0:3)"),
-}
-
-
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``whatif`` to a ``kvscope`` subparsers object."""
     p = subparsers.add_parser(
@@ -81,18 +67,25 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="requests in the mix (120); with --replay, replay the first N")
     w.add_argument("--seed", type=int, default=0, metavar="N",
                    help="the mix, its token IDs and sampled tokens (0)")
-    for name, (flag, kind, text) in _MIX.items():
+    for name, (flag, kind, text) in MIX.items():
         metavar = {"range": "LOW:HIGH", float: "FRACTION", int: "N"}[kind]
         w.add_argument(flag, dest=f"mix_{name}", type=str if kind == "range" else kind,
                        default=None, metavar=metavar, help=text)
     w.add_argument("--replay", type=Path, metavar="FILE",
                    help="JSON/JSONL per-request records (request_traces rows work)")
+    w.add_argument("--baseline", metavar="KEY:VALUE,...",
+                   help="with --replay of recorded outcomes (kvscope query replay_traffic): "
+                   "the settings the server ran with, as in --setting; replayed first, and "
+                   "its error against the server's own figures reported before the rest")
     w.add_argument("--replay-step-ms", type=float, default=20.0, metavar="MS",
                    help="milliseconds per scheduler step, to turn arrival seconds into "
                    "steps (20)")
     o = p.add_argument_group("output")
     o.add_argument("--format", choices=sorted(RENDERERS), default="table",
                    help="table (settings as columns), json, or csv (a row per setting)")
+    o.add_argument("--safe-concurrency", action="store_true",
+                   help="instead of the comparison: per setting, the most requests of this "
+                   "traffic in flight at once with no preemption (kvscope whatif.concurrency)")
     o.add_argument("--png", type=Path, metavar="FILE", help="also draw bar charts")
     o.add_argument("--max-steps", type=int, default=1_000_000, metavar="N",
                    help="stop a setting's run after this many steps (1000000)")
@@ -100,133 +93,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-@dataclass(frozen=True)
-class Plan:
-    settings: list[Setting]
-    requests: list[TwinRequest]
-    workload: str
-    notes: list[str]
-
-
-def _range(text: str) -> tuple[int, int]:
-    low, _, high = text.partition(":")
-    return int(low), int(high or low)
-
-
-def _synthetic(args: argparse.Namespace, errors: list[str]) -> Plan | None:
-    given: dict[str, Any] = {}
-    ok = True
-    for name, (flag, kind, _) in _MIX.items():
-        text = getattr(args, f"mix_{name}")
-        if text is None:
-            continue
-        try:
-            given[name] = _range(text) if kind == "range" else text
-        except ValueError:
-            errors.append(f"{flag}: {text!r} is not LOW:HIGH")
-            ok = False
-    n = WorkloadSpec.n_requests if args.requests is None else args.requests
-    spec = replace(WorkloadSpec(), n_requests=n, seed=args.seed, **given)
-    problems = spec.validate()
-    errors += [f"workload: {e}" for e in problems]
-    if problems or not ok:
-        return None
-    requests = generate(spec)
-    too_long = sum(len(r.prompt_token_ids) >= args.max_model_len for r in requests)
-    if too_long:
-        errors.append(f"workload: {too_long} prompts reach --max-model-len "
-                      f"{args.max_model_len}; shorten them or raise it")
-        return None
-    text = (f"synthetic mix, {n} requests, seed {spec.seed}: "
-            f"{spec.short_fraction:.0%} short prompts {_span(spec.short_prompt)} tokens, long "
-            f"{_span(spec.long_prompt)} (+{spec.shared_prefix_len}-token shared prefix on "
-            f"{spec.shared_prefix_fraction:.0%}), output {_span(spec.max_tokens)}, "
-            f"{spec.waves} waves {spec.wave_interval_steps} steps apart")
-    return Plan([], requests, text, [])
-
-
-def _span(r: tuple[int, int]) -> str:
-    return f"{r[0]}-{r[1]}"
-
-
-def plan(args: argparse.Namespace) -> tuple[Plan | None, list[str]]:
-    """Settings and requests from parsed arguments, or every problem found."""
-    errors: list[str] = []
-    bpt = args.bytes_per_token or tiny_model_bytes_per_token()
-    if args.bytes_per_token is not None and args.bytes_per_token < 1:
-        errors.append("--bytes-per-token must be positive")
-    axes = {k: [v.strip() for v in (getattr(args, f"axis_{k}") or "").split(",") if v.strip()]
-            for k in KEYS}
-    settings = build(axes, args.setting, max_model_len=args.max_model_len,
-                     bytes_per_token=bpt, errors=errors)
-    work: Plan | None = None
-    if args.requests is not None and args.requests < 1:
-        errors.append("--requests must be at least 1")
-    elif args.replay is not None:
-        mixed = [flag for name, (flag, _, _) in _MIX.items() if getattr(args, f"mix_{name}")]
-        if mixed:
-            errors.append(f"{', '.join(mixed)}: mix flags do not apply to --replay")
-        if args.replay_step_ms <= 0:
-            errors.append("--replay-step-ms must be positive")
-        else:
-            try:
-                r = load(args.replay, seed=args.seed, step_ms=args.replay_step_ms,
-                         max_model_len=args.max_model_len, limit=args.requests)
-                work = Plan([], r.requests, f"replay of {args.replay.name}, "
-                            f"{len(r.requests)} requests, seed {args.seed}", r.notes)
-            except ReplayError as exc:
-                errors += [f"--replay {args.replay}: {e}" for e in exc.errors]
-    else:
-        work = _synthetic(args, errors)
-    if args.max_steps < 1:
-        errors.append("--max-steps must be at least 1")
-    if args.png is not None and not args.png.parent.is_dir():
-        errors.append(f"--png: directory {args.png.parent} does not exist")
-    if errors or work is None:
-        return None, errors
-    odd = sorted({s.config.block_size for s in settings if s.config.block_size % 32})
-    notes = [f"block size {', '.join(map(str, odd))} runs in the twin (no attention); vLLM's "
-             "CPU backend needs multiples of 32, CUDA backends take multiples of 16"] if odd else []
-    return replace(work, settings=settings, notes=work.notes + notes), []
-
-
-_CLEAR = "\r\033[K"  # carriage return, erase to the end of the line
-
-
-class Progress:
-    """Per setting: one line rewritten in place on a terminal, a final line otherwise."""
-
-    def __init__(self, total: int, stream: Any = None, quiet: bool = False) -> None:
-        self.total, self.quiet = total, quiet
-        self.stream = stream or sys.stderr
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.index, self.name, self.last = 0, "", 0.0
-
-    def start(self, index: int, name: str) -> None:
-        self.index, self.name, self.last = index, name, time.monotonic()
-
-    def step(self, steps: int, preemptions: int) -> None:
-        now = time.monotonic()
-        if self.quiet or not self.tty or now - self.last < 0.25:
-            return
-        self.last = now
-        self.stream.write(f"{_CLEAR}[{self.index}/{self.total}] {self.name}: step {steps}, "
-                          f"{preemptions} preemptions")
-        self.stream.flush()
-
-    def done(self, m: Measurement) -> None:
-        if not self.quiet:
-            self.stream.write((_CLEAR if self.tty else "") + f"[{self.index}/{self.total}] "
-                              f"{self.name}: {m.steps} steps, {m.preemptions_total} "
-                              f"preemptions, {m.wall_seconds:.1f} s\n")
-            self.stream.flush()
-
-
 def compare(p: Plan, *, seed: int, max_steps: int | None = None,
             progress: Progress | None = None) -> Report:
-    """Measure every setting of ``p`` on its requests."""
+    """Measure every setting of ``p`` on its requests; with a baseline, that first (as
+    the first column) and the fidelity of its replay."""
+    settings = ([p.baseline] if p.baseline else []) + p.settings
     columns = []
-    for i, setting in enumerate(p.settings, 1):
+    for i, setting in enumerate(settings, 1):
         if progress:
             progress.start(i, setting.name)
         m = measure(setting.config, p.requests, seed=seed, max_steps=max_steps,
@@ -234,7 +107,12 @@ def compare(p: Plan, *, seed: int, max_steps: int | None = None,
         if progress:
             progress.done(m)
         columns.append((setting, m))
-    return Report(p.workload, columns, p.notes)
+    fidelity = None
+    if p.baseline is not None:
+        m = columns[0][1]
+        fidelity = Fidelity(p.baseline.name, figures(p.records, m.usable_blocks),
+                            figures(m.records, m.usable_blocks))
+    return Report(p.workload, columns, p.notes, fidelity)
 
 
 def refusals(settings: list[Setting]) -> list[str]:
@@ -259,16 +137,23 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    progress = Progress(len(work.settings), quiet=args.quiet)
+    settings = ([work.baseline] if work.baseline else []) + work.settings
+    progress = Progress(len(settings), quiet=args.quiet)
     if not args.quiet:
-        print(f"{len(work.settings)} settings x {len(work.requests)} requests; loading "
+        print(f"{len(settings)} settings x {len(work.requests)} requests; loading "
               "vLLM's scheduler...", file=sys.stderr, flush=True)
     try:
-        refused = refusals(work.settings)
+        refused = refusals(settings)
         if refused:
             print("kvscope whatif: vLLM refuses these settings:\n  - " + "\n  - ".join(refused),
                   file=sys.stderr)
             return 2
+        if args.safe_concurrency:
+            from kvscope.whatif import safe
+
+            results = safe.answers(settings, work.requests, seed=args.seed)
+            sys.stdout.write(safe.render(args.format, work.workload, results))
+            return 0
         report = compare(work, seed=args.seed, max_steps=args.max_steps, progress=progress)
     except ImportError as exc:
         print(f"kvscope whatif: needs vLLM importable (pip install 'kvscope[vllm]'): {exc}",

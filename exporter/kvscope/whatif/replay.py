@@ -56,6 +56,8 @@ class Replay:
     requests: list[TwinRequest]
     notes: list[str]
     """What the replay could not reproduce, one sentence each."""
+    records: list[dict[str, Any]]
+    """The records replayed, in replay order (``requests[i]`` from ``records[i]``)."""
 
 
 def read_records(path: Path, errors: list[str]) -> list[dict[str, Any]]:
@@ -174,6 +176,7 @@ def load(path: Path, *, seed: int, step_ms: float, max_model_len: int,
     rng = random.Random(seed)
     prefixes: dict[str, list[int]] = {}
     requests: list[TwinRequest] = []
+    kept: list[dict[str, Any]] = []
     for i in order:
         rec = records[i]
         prompt = _int(rec, "prompt_len", 1, errors)
@@ -195,9 +198,14 @@ def load(path: Path, *, seed: int, step_ms: float, max_model_len: int,
         tokens += _tokens(rng, prompt - len(tokens))
         requests.append(TwinRequest(f"q{len(requests)}", tuple(tokens), output, priority,
                                     arrivals[i]))
+        kept.append({k: v for k, v in rec.items() if k != "_where"} | {"arrival_step": arrivals[i]})
+    engines = {str(r["engine"]) for r in records if r.get("engine") not in (None, "")}
+    if len(engines) > 1:
+        errors.append(f"records of {len(engines)} engines ({', '.join(sorted(engines))}): "
+                      "steps count per engine, replay one (replay_traffic --param engine=)")
     if errors:
         raise ReplayError(errors)
-    return Replay(requests, _notes(records, requests, max_model_len))
+    return Replay(requests, _notes(records, requests, max_model_len), kept)
 
 
 def _prefix(rec: dict[str, Any], prompt: int | None,
