@@ -10,9 +10,10 @@ delays shift every later overlap. So each concurrency is run ``trials`` times: o
 no delay, then with each next arrival delayed by a seeded random 0..``max_delay`` steps.
 The answer, ``safe``, is the largest C at which no trial of C or of any smaller
 concurrency preempts; ``preempts_from`` is the smallest C at which every trial preempts.
-Between them the answer depends on timing; the scan goes ``MARGIN`` past
-``preempts_from``. Above ``max_num_seqs`` requests wait rather
-than run, so the scan stops there.
+Between them the answer depends on timing. The scan goes on to ``first_wave_from``, the
+smallest C at which every trial preempts before any request has ended: there the first
+C requests alone overflow the pool, so no timing of later arrivals can avoid it. Above
+``max_num_seqs`` requests wait rather than run, so the scan stops there.
 """
 
 from __future__ import annotations
@@ -27,10 +28,6 @@ from kvscope.twin.workload import TwinRequest
 
 TRIALS = 6
 MAX_DELAY_STEPS = 4
-MARGIN = 2
-"""Concurrencies scanned past ``preempts_from``: the answer shows that every trial
-still preempts there (a server driven that far above ``safe`` preempts whatever its
-timing)."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +51,9 @@ class Answer:
     request alone is preempted."""
     preempts_from: int | None
     """Smallest concurrency at which every trial preempts; None: none up to the cap."""
+    first_wave_from: int | None
+    """Smallest concurrency at which every trial preempts before any request ended;
+    None: none up to the cap."""
     cap: int
     """The highest concurrency scanned: max_num_seqs (or the traffic's size)."""
     trials: list[Trial] = field(default_factory=list)
@@ -122,6 +122,6 @@ def safe_concurrency(cfg: TwinConfig, requests: Sequence[TwinRequest], *, seed: 
             safe = c
         if all(hit) and preempts_from is None:
             preempts_from = c
-        if preempts_from is not None and c >= preempts_from + MARGIN:
-            break
-    return Answer(safe, preempts_from, cap, done)
+        if all(t.first_wave for t in runs):
+            return Answer(safe, preempts_from, c, cap, done)
+    return Answer(safe, preempts_from, None, cap, done)

@@ -71,7 +71,7 @@ def has_outcomes(records: Sequence[dict[str, Any]]) -> bool:
 
 def outcome_records(rows: Iterable[Any]) -> list[dict[str, Any]]:
     """``replay_traffic`` records from RequestTrace and RequestEvent rows, in the query's
-    order (arrival step, then arrival time, then request id)."""
+    order (arrival step, then the order the scheduler queued the step's arrivals)."""
     from kvscope.sinks.rows import RequestEvent, RequestTrace
 
     steps: dict[str, dict[str, Any]] = {}
@@ -83,6 +83,10 @@ def outcome_records(rows: Iterable[Any]) -> list[dict[str, Any]]:
             seen = steps.setdefault(row.request_id, {})
             if row.event in ("queued", "admitted") and row.event not in seen:
                 seen[row.event] = row.step - 1
+            if row.event == "queued":
+                facts = dict(kv.partition("=")[::2] for kv in row.detail.split())
+                seen["position"] = int(facts.get("position", 0))
+                seen["priority"] = int(facts.get("priority", 0))
             if row.event in _GIVES_BLOCKS and row.free_blocks >= 0:
                 seen["free"] = min(seen.get("free", row.free_blocks), row.free_blocks)
     out = []
@@ -92,13 +96,14 @@ def outcome_records(rows: Iterable[Any]) -> list[dict[str, Any]]:
             continue
         out.append({"request_id": t.request_id, "engine": t.engine,
                     "prompt_len": t.prompt_len, "output_len": t.output_len,
-                    "max_gen_len": t.max_gen_len, "arrival_step": seen["queued"],
+                    "max_gen_len": t.max_gen_len, "priority": seen.get("priority", 0),
+                    "arrival_step": seen["queued"],
                     "admitted_step": seen.get("admitted"),
                     "preempt_count": t.preempt_count,
                     "recomputed_tokens": t.recomputed_tokens,
                     "cached_tokens": t.cached_tokens, "min_free_blocks": seen.get("free"),
-                    "finish_reason": t.finish_reason, "_ts": t.arrival_ts})
-    out.sort(key=lambda r: (r["arrival_step"], r.pop("_ts"), r["request_id"]))
+                    "finish_reason": t.finish_reason, "_at": seen.get("position", 0)})
+    out.sort(key=lambda r: (r["arrival_step"], r.pop("_at"), r["request_id"]))
     return out
 
 

@@ -27,6 +27,7 @@ def record(s: Setting, a: Answer) -> dict[str, Any]:
         "setting": s.name, "capacity": s.capacity, "block_size": c.block_size,
         "num_blocks": c.num_blocks, "layout": c.layout, "max_num_seqs": c.max_num_seqs,
         "safe_concurrency": a.safe, "preempts_from": a.preempts_from,
+        "first_wave_preempts_from": a.first_wave_from,
         "capped_by_max_num_seqs": a.capped,
         "peak_used_blocks_at_safe": max((t.peak_used_blocks for t in a.at(a.safe)),
                                         default=0),
@@ -56,6 +57,9 @@ def table(workload: str, results: list[tuple[Setting, Answer]]) -> str:
                                for r in records)],
         ["every trial preempts from", *("-" if r["preempts_from"] is None
                                         else str(r["preempts_from"]) for r in records)],
+        ["first requests alone overflow from", *("-" if r["first_wave_preempts_from"] is None
+                                                 else str(r["first_wave_preempts_from"])
+                                                 for r in records)],
         ["peak used blocks at safe (worst trial)",
          *(f"{r['peak_used_blocks_at_safe']}/{r['usable_blocks']}" for r in records)],
         [""] * (len(records) + 1),
