@@ -47,7 +47,10 @@ def _header(workload: str) -> list[str]:
 
 def table(workload: str, results: list[tuple[Setting, Answer]]) -> str:
     records = [record(s, a) for s, a in results]
-    most = max((int(n) for r in records for n in r["preempting_trials"]), default=0)
+    # The band where the answers change: from the lowest safe answer to the highest
+    # concurrency at which every trial preempts (all of it: --format json).
+    low = max(1, min((r["safe_concurrency"] for r in records), default=1))
+    most = max((r["preempts_from"] or r["safe_concurrency"] for r in records), default=0)
     rows: list[list[str]] = [
         ["", *(r["setting"] for r in records)],
         ["KV layout", *(r["layout"] for r in records)],
@@ -64,7 +67,7 @@ def table(workload: str, results: list[tuple[Setting, Answer]]) -> str:
          *(f"{r['peak_used_blocks_at_safe']}/{r['usable_blocks']}" for r in records)],
         [""] * (len(records) + 1),
     ]
-    for n in range(1, most + 1):
+    for n in range(low, most + 1):
         rows.append([f"concurrency {n}: trials preempting",
                      *(f"{r['preempting_trials'][str(n)]}/{TRIALS}"
                        if str(n) in r["preempting_trials"] else "" for r in records)])

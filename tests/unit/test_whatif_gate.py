@@ -1,0 +1,40 @@
+"""The fidelity gate's arithmetic: figures from replay records, the error, what passes."""
+
+from __future__ import annotations
+
+from kvscope.whatif.recorded import FIGURES, Fidelity, Figures, figures, has_outcomes
+
+
+def rec(arrival: int, admitted: int | None, preempts: int, redo: int,
+        free: int | None) -> dict[str, object]:
+    return {"prompt_len": 10, "output_len": 5, "arrival_step": arrival,
+            "admitted_step": admitted, "preempt_count": preempts,
+            "recomputed_tokens": redo, "min_free_blocks": free}
+
+
+def test_figures_of_records() -> None:
+    records = [rec(0, 0, 0, 0, 9), rec(0, 3, 2, 40, 2), rec(5, 5, 1, 7, None),
+               rec(6, None, 0, 0, None)]
+    assert figures(records, 47) == Figures(preemptions=3, preempted_requests=2,
+                                           recomputed_tokens=47, peak_used_blocks=45,
+                                           waited_requests=1)
+    assert figures([rec(0, 0, 0, 0, None)], 47).peak_used_blocks is None
+    assert has_outcomes(records) and not has_outcomes([{"prompt_len": 3}])
+    assert not has_outcomes([])
+
+
+def test_gate_allows_ten_percent_and_at_least_one() -> None:
+    server = Figures(30, 25, 1701, 47, 4)
+    f = Fidelity("server", server, Figures(33, 26, 1531, 46, 5))
+    assert [f.error(n) for n in FIGURES] == [3, 1, -170, -1, 1]
+    assert [f.allowed(n) for n in FIGURES] == [3, 2, 170, 4, 1]
+    assert f.trusted and f.failing() == []
+    worse = Fidelity("server", server, Figures(34, 25, 1701, 47, 6))
+    assert worse.failing() == ["preemptions", "waited_requests"] and not worse.trusted
+    unknown = Fidelity("server", Figures(0, 0, 0, None, 0), Figures(0, 0, 0, 12, 0))
+    assert unknown.error("peak_used_blocks") is None
+    assert unknown.failing() == ["peak_used_blocks"]
+    doc = worse.as_dict()
+    assert doc["figures"]["preemptions"] == {"recorded": 30, "replayed": 34, "error": 4,
+                                             "allowed": 3}
+    assert doc["trusted"] is False
