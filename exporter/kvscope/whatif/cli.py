@@ -10,6 +10,13 @@ goes to stderr with the progress).
   kvscope whatif --setting small=block_size:16,kv_tokens:1536 --setting big=blocks:96
   kvscope whatif --replay traces.jsonl --block-size 16,32 --kv-bytes 1.5MiB
   kvscope whatif --layout full+sliding --sliding-window 64,256 --blocks 96,128
+  kvscope whatif --replay traffic.json --baseline blocks:48 --blocks 64,96
+  kvscope whatif --replay traffic.json --safe-concurrency --blocks 48,96
+
+With --baseline (the server's settings) a replay of recorded outcomes (``kvscope query
+replay_traffic --format json``) is checked first: the twin's preemptions, preempted
+requests, recomputed tokens, peak used blocks and waits against the server's, before any
+what-if column (kvscope.whatif.recorded).
 """
 
 from __future__ import annotations

@@ -17,6 +17,11 @@ table replay as they are. Recognised keys:
 - ``prefix_group`` (string or int) with ``prefix_len`` (1 <= prefix_len <= prompt_len):
   requests of one group start with the same first ``prefix_len`` tokens.
 - ``priority`` (int, default 0; lower is served first under the priority policy).
+- outcomes, as the saved query ``replay_traffic`` writes them: ``preempt_count``,
+  ``recomputed_tokens``, ``admitted_step``, ``min_free_blocks``. A file with all four is
+  a recorded run: ``--baseline`` checks the twin against it (``kvscope.whatif.recorded``).
+  Records of one step replay in file order, which ``replay_traffic`` makes vLLM's queue
+  order; ``engine`` (optional) must be one value per file.
 
 Prompts are synthetic token IDs of the recorded lengths, drawn from ``seed``: kvscope never
 stores prompt text or tokens. Shared prefixes survive only where the file names them;
