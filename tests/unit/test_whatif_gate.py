@@ -38,3 +38,24 @@ def test_gate_allows_ten_percent_and_at_least_one() -> None:
     assert doc["figures"]["preemptions"] == {"recorded": 30, "replayed": 34, "error": 4,
                                              "allowed": 3}
     assert doc["trusted"] is False
+
+
+def test_safe_table_shows_the_band_and_warns_of_a_full_pool() -> None:
+    from kvscope.twin.config import TwinConfig
+    from kvscope.whatif.concurrency import TRIALS, Answer, Trial
+    from kvscope.whatif.safe import render
+    from kvscope.whatif.settings import Setting
+
+    def trials(c: int, preempting: int, peak: int) -> list[Trial]:
+        return [Trial(c, None if i == 0 else i, int(i < preempting), False, c, peak)
+                for i in range(TRIALS)]
+
+    answer = Answer(2, 3, 4, 32, trials(1, 0, 20) + trials(2, 0, 47) + trials(3, 6, 47)
+                    + trials(4, 6, 47))
+    out = render("table", "w", [(Setting("base", TwinConfig(), "blocks:48"), answer)])
+    lines = out.splitlines()
+    assert [x.split()[-1] for x in lines if x.startswith("concurrency ")] == ["0/6", "6/6"]
+    assert lines[-1].startswith("note: base: at the safe concurrency a trial filled the pool")
+    assert "peak used blocks at safe (worst trial)  47/47" in out
+    row = next(x for x in lines if x.startswith("first requests alone overflow from"))
+    assert row.split()[-1] == "4"

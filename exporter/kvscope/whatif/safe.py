@@ -76,6 +76,11 @@ def table(workload: str, results: list[tuple[Setting, Answer]]) -> str:
     for row in rows:
         lines.append((row[0].ljust(widths[0]) + "".join(
             "  " + c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True))).rstrip())
+    full = [r["setting"] for r in records if r["safe_concurrency"]
+            and r["peak_used_blocks_at_safe"] >= r["usable_blocks"]]
+    if full:
+        lines.append(f"note: {', '.join(full)}: at the safe concurrency a trial filled the "
+                     "pool (no block free) without preempting; there is no margin left")
     return "\n".join(lines) + "\n"
 
 
