@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from kvscope.whatif.recorded import FIGURES, Fidelity, Figures, figures, has_outcomes
 
 
@@ -59,3 +61,15 @@ def test_safe_table_shows_the_band_and_warns_of_a_full_pool() -> None:
     assert "peak used blocks at safe (worst trial)  47/47" in out
     row = next(x for x in lines if x.startswith("first requests alone overflow from"))
     assert row.split()[-1] == "4"
+
+
+def test_replay_notes_the_prefix_hits_it_cannot_rebuild(tmp_path: Path) -> None:
+    from kvscope.whatif.replay import load
+
+    path = tmp_path / "traffic.jsonl"
+    path.write_text('{"prompt_len": 300, "output_len": 5, "cached_tokens": 256}\n'
+                    '{"prompt_len": 30, "output_len": 5, "cached_tokens": 0}\n'
+                    '{"prompt_len": 290, "output_len": 5, "cached_tokens": 128}\n')
+    notes = load(path, seed=0, step_ms=20.0, max_model_len=1024).notes
+    assert any(n.endswith("; 2 recorded requests had prefix-cache hits, where the replay "
+                          "may part from the server") for n in notes)

@@ -234,8 +234,12 @@ def _notes(records: list[dict[str, Any]], requests: list[TwinRequest],
     notes = ["prompts are synthetic token IDs of the recorded lengths (kvscope stores no "
              "prompt text)"]
     if not any(r.get("prefix_group") not in (None, "") for r in records):
+        hits = sum(isinstance(v := r.get("cached_tokens"), (int, float)) and v > 0
+                   for r in records)
         notes.append("no prefix groups in the file: shared prefixes cannot be reconstructed "
-                     "from traces, so replayed requests share no prefix-cache blocks")
+                     "from traces, so replayed requests share no prefix-cache blocks"
+                     + (f"; {hits} recorded requests had prefix-cache hits, where the replay "
+                        "may part from the server" if hits else ""))
     capped = sum(1 for r in requests
                  if len(r.prompt_token_ids) + r.max_tokens > max_model_len)
     if capped:
