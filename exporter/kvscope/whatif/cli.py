@@ -158,7 +158,12 @@ def run(args: argparse.Namespace) -> int:
         if args.safe_concurrency:
             from kvscope.whatif import safe
 
-            results = safe.answers(settings, work.requests, seed=args.seed)
+            def done(i: int, s: Setting, a: Any) -> None:
+                if not args.quiet:
+                    print(f"[{i}/{len(settings)}] {s.name}: safe concurrency {a.safe}",
+                          file=sys.stderr, flush=True)
+
+            results = safe.answers(settings, work.requests, seed=args.seed, on_done=done)
             sys.stdout.write(safe.render(args.format, work.workload, results))
             return 0
         report = compare(work, seed=args.seed, max_steps=args.max_steps, progress=progress)

@@ -7,7 +7,7 @@ Output is a pure function of the settings, the requests and the seed (see
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvscope.twin.workload import TwinRequest
@@ -15,9 +15,16 @@ from kvscope.whatif.concurrency import MAX_DELAY_STEPS, TRIALS, Answer, safe_con
 from kvscope.whatif.settings import Setting
 
 
-def answers(settings: Sequence[Setting], requests: Sequence[TwinRequest], *,
-            seed: int) -> list[tuple[Setting, Answer]]:
-    return [(s, safe_concurrency(s.config, requests, seed=seed)) for s in settings]
+def answers(settings: Sequence[Setting], requests: Sequence[TwinRequest], *, seed: int,
+            on_done: Callable[[int, Setting, Answer], None] | None = None,
+            ) -> list[tuple[Setting, Answer]]:
+    """Each setting's answer; ``on_done(index, setting, answer)`` after each (1-based)."""
+    out = []
+    for i, s in enumerate(settings, 1):
+        out.append((s, safe_concurrency(s.config, requests, seed=seed)))
+        if on_done is not None:
+            on_done(i, *out[-1])
+    return out
 
 
 def record(s: Setting, a: Answer) -> dict[str, Any]:
