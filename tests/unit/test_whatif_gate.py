@@ -52,11 +52,12 @@ def test_safe_table_shows_the_band_and_warns_of_a_full_pool() -> None:
         return [Trial(c, None if i == 0 else i, int(i < preempting), False, c, peak)
                 for i in range(TRIALS)]
 
-    answer = Answer(2, 3, 4, 32, trials(1, 0, 20) + trials(2, 0, 47) + trials(3, 6, 47)
-                    + trials(4, 6, 47))
+    answer = Answer(2, 3, 4, 32, trials(1, 0, 20) + trials(2, 0, 47) + trials(3, TRIALS, 47)
+                    + trials(4, TRIALS, 47))
     out = render("table", "w", [(Setting("base", TwinConfig(), "blocks:48"), answer)])
     lines = out.splitlines()
-    assert [x.split()[-1] for x in lines if x.startswith("concurrency ")] == ["0/6", "6/6"]
+    shown = [x.split()[-1] for x in lines if x.startswith("concurrency ")]
+    assert shown == [f"0/{TRIALS}", f"{TRIALS}/{TRIALS}"]  # the band: 2 and 3
     assert lines[-1].startswith("note: base: at the safe concurrency a trial filled the pool")
     assert "peak used blocks at safe (worst trial)  47/47" in out
     row = next(x for x in lines if x.startswith("first requests alone overflow from"))

@@ -6,8 +6,12 @@ arrives. Under vLLM's real scheduler a run of the whole traffic either preempts 
 
 Timing changes which requests overlap: on a server the next request reaches the engine
 a few steps after the previous one ended (the HTTP round trip, tokenizing), and those
-delays shift every later overlap. So each concurrency is run ``trials`` times: once with
-no delay, then with each next arrival delayed by a seeded random 0..``max_delay`` steps.
+delays shift every later overlap; and the API server tokenizes requests concurrently, so
+neighbours can reach the scheduler the other way round (a server's recorded queue order
+differs from the order its client sent in). So each concurrency is run ``trials`` times:
+once with no delay, then with each next arrival delayed by a seeded random
+0..``max_delay`` steps, in every other trial also with neighbouring requests swapped
+(``SWAP_PROBABILITY``).
 The answer, ``safe``, is the largest C at which no trial of C or of any smaller
 concurrency preempts; ``preempts_from`` is the smallest C at which every trial preempts.
 Between them the answer depends on timing. The scan goes on to ``first_wave_from``, the
@@ -26,15 +30,18 @@ from dataclasses import dataclass, field
 from kvscope.twin.config import TwinConfig
 from kvscope.twin.workload import TwinRequest
 
-TRIALS = 6
+TRIALS = 12
 MAX_DELAY_STEPS = 4
+SWAP_PROBABILITY = 0.25
+"""In the even-seeded trials, each request swaps places with the next at this rate."""
 
 
 @dataclass(frozen=True)
 class Trial:
     concurrency: int
     delay_seed: int | None
-    """None: every next arrival in the step after an end; else the delays' seed."""
+    """None: every next arrival in the step after an end, in the traffic's order; else the
+    delays' seed (an even seed also swaps neighbours)."""
     preemptions: int
     """Preemptions in the step of the first (the run stops there); 0: none at all."""
     first_wave: bool
@@ -76,7 +83,12 @@ def closed_loop(cfg: TwinConfig, requests: Sequence[TwinRequest], concurrency: i
 
     twin = Twin(cfg, seed=seed)
     rng = random.Random(delay_seed)
-    todo = deque(requests)
+    order = list(requests)
+    if delay_seed is not None and delay_seed % 2 == 0:  # neighbours the other way round
+        for i in range(len(order) - 1):
+            if rng.random() < SWAP_PROBABILITY:
+                order[i], order[i + 1] = order[i + 1], order[i]
+    todo = deque(order)
     def delay() -> int:
         return 0 if delay_seed is None else rng.randint(0, max_delay)
 

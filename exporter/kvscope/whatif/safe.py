@@ -49,7 +49,8 @@ def _header(workload: str) -> list[str]:
             "safe concurrency: most requests of this traffic in flight at once (as kvscope "
             "loadgen --concurrency sends them, in order) with no preemption on vLLM's "
             f"scheduler, in any of {TRIALS} timing trials (the next request arriving 0 to "
-            f"{MAX_DELAY_STEPS} steps after one ends), nor at any lower concurrency"]
+            f"{MAX_DELAY_STEPS} steps after one ends, neighbours swapped in half of them), "
+            "nor at any lower concurrency"]
 
 
 def table(workload: str, results: list[tuple[Setting, Answer]]) -> str:
