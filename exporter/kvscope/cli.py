@@ -6,13 +6,14 @@ import argparse
 import logging
 import sys
 
-from kvscope import __version__, whatif
+from kvscope import __version__
 from kvscope.errors import ConfigError
 from kvscope.layout import dump as layout_dump
 from kvscope.load import cli as loadgen
 from kvscope.sidecar.config import ENV, from_sources
 from kvscope.store import query, schema
 from kvscope.twin.config import LAYOUTS, TwinConfig
+from kvscope.whatif import cli as whatif
 
 
 def _serve_args(p: argparse.ArgumentParser) -> None:

@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from kvscope import whatif, whatif_chart
 from kvscope.store.rows import RequestTrace
 from kvscope.twin import TwinConfig, TwinRequest, WorkloadSpec, generate
-from kvscope.whatif_replay import load
-from kvscope.whatif_report import record
-from kvscope.whatif_settings import build
+from kvscope.whatif import chart
+from kvscope.whatif import cli as whatif
+from kvscope.whatif.replay import load
+from kvscope.whatif.report import record
+from kvscope.whatif.settings import build
 
 pytestmark = pytest.mark.twin
 
@@ -67,7 +68,7 @@ def test_same_seed_gives_the_same_table_and_chart(
     assert header == ["block_size:16", "block_size:32"]
     assert (tmp_path / "0.png").read_bytes() == (tmp_path / "1.png").read_bytes()
     with Image.open(tmp_path / "0.png") as image:
-        assert image.format == "PNG" and image.size == whatif_chart.size(2)
+        assert image.format == "PNG" and image.size == chart.size(2)
         image.load()  # decodes every pixel
         assert len(image.getcolors(1 << 16) or []) > 5
 

@@ -75,9 +75,10 @@ class RequestTracker:
         led = st.ledger
         free = led.free if led.synced else -1
         pending = self._pending(st)
-        for a in s.arrivals:
+        for i, a in enumerate(s.arrivals):  # in the order the scheduler queued them
             reqs[a.req_id] = Live(a.arrival_time, a.prompt_len, a.max_tokens)
-            self._event(st, a.arrival_time, a.req_id, "queued", tokens=0)
+            self._event(st, a.arrival_time, a.req_id, "queued", tokens=0,
+                        detail=f"position={i} priority={a.priority}")
         # Sampled (at most MAXRUN_SAMPLE_S old): a scan of the pool per admitting step
         # would cost the sidecar more than the rest of the step at 128k blocks.
         maxrun = st.sampled_max_contiguous_free() if (s.new_reqs and led.synced) else -1

@@ -84,6 +84,8 @@ class RequestEvent:
     """Computed tokens after the event (preempted: tokens discarded)."""
     reason: str = ""
     detail: str = ""
+    """``key=value`` facts: preempted ``requester= blocks_needed=``; queued ``position=``
+    (order among the step's arrivals as the scheduler queued them) ``priority=``."""
     server: str = ""
     """The engine's vLLM server (kvscope_probe.identity); "" outside an API server."""
 

@@ -17,6 +17,11 @@ table replay as they are. Recognised keys:
 - ``prefix_group`` (string or int) with ``prefix_len`` (1 <= prefix_len <= prompt_len):
   requests of one group start with the same first ``prefix_len`` tokens.
 - ``priority`` (int, default 0; lower is served first under the priority policy).
+- outcomes, as the saved query ``replay_traffic`` writes them: ``preempt_count``,
+  ``recomputed_tokens``, ``admitted_step``, ``min_free_blocks``. A file with all four is
+  a recorded run: ``--baseline`` checks the twin against it (``kvscope.whatif.recorded``).
+  Records of one step replay in file order, which ``replay_traffic`` makes vLLM's queue
+  order; ``engine`` (optional) must be one value per file.
 
 Prompts are synthetic token IDs of the recorded lengths, drawn from ``seed``: kvscope never
 stores prompt text or tokens. Shared prefixes survive only where the file names them;
@@ -56,6 +61,8 @@ class Replay:
     requests: list[TwinRequest]
     notes: list[str]
     """What the replay could not reproduce, one sentence each."""
+    records: list[dict[str, Any]]
+    """The records replayed, in replay order (``requests[i]`` from ``records[i]``)."""
 
 
 def read_records(path: Path, errors: list[str]) -> list[dict[str, Any]]:
@@ -174,6 +181,7 @@ def load(path: Path, *, seed: int, step_ms: float, max_model_len: int,
     rng = random.Random(seed)
     prefixes: dict[str, list[int]] = {}
     requests: list[TwinRequest] = []
+    kept: list[dict[str, Any]] = []
     for i in order:
         rec = records[i]
         prompt = _int(rec, "prompt_len", 1, errors)
@@ -195,9 +203,14 @@ def load(path: Path, *, seed: int, step_ms: float, max_model_len: int,
         tokens += _tokens(rng, prompt - len(tokens))
         requests.append(TwinRequest(f"q{len(requests)}", tuple(tokens), output, priority,
                                     arrivals[i]))
+        kept.append({k: v for k, v in rec.items() if k != "_where"} | {"arrival_step": arrivals[i]})
+    engines = {str(r["engine"]) for r in records if r.get("engine") not in (None, "")}
+    if len(engines) > 1:
+        errors.append(f"records of {len(engines)} engines ({', '.join(sorted(engines))}): "
+                      "steps count per engine, replay one (replay_traffic --param engine=)")
     if errors:
         raise ReplayError(errors)
-    return Replay(requests, _notes(records, requests, max_model_len))
+    return Replay(requests, _notes(records, requests, max_model_len), kept)
 
 
 def _prefix(rec: dict[str, Any], prompt: int | None,
@@ -221,8 +234,12 @@ def _notes(records: list[dict[str, Any]], requests: list[TwinRequest],
     notes = ["prompts are synthetic token IDs of the recorded lengths (kvscope stores no "
              "prompt text)"]
     if not any(r.get("prefix_group") not in (None, "") for r in records):
+        hits = sum(isinstance(v := r.get("cached_tokens"), (int, float)) and v > 0
+                   for r in records)
         notes.append("no prefix groups in the file: shared prefixes cannot be reconstructed "
-                     "from traces, so replayed requests share no prefix-cache blocks")
+                     "from traces, so replayed requests share no prefix-cache blocks"
+                     + (f"; {hits} recorded requests had prefix-cache hits, where the replay "
+                        "may part from the server" if hits else ""))
     capped = sum(1 for r in requests
                  if len(r.prompt_token_ids) + r.max_tokens > max_model_len)
     if capped:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvscope.twin.config import TwinConfig
 from kvscope.twin.workload import TwinRequest
@@ -53,6 +54,8 @@ class Measurement:
     """Mean over steps of scheduled tokens / token budget."""
     mean_blocks_per_request: float = 0.0
     """Mean over finished requests of the most blocks each held at once."""
+    records: list[dict[str, Any]] = field(default_factory=list, repr=False, compare=False)
+    """Per-request outcome records of the run (``kvscope.whatif.recorded``), arrival order."""
     faults: int = 0
     """Ledger gaps and mismatches, probe faults, steps the sidecar missed: must be 0."""
     wall_seconds: float = 0.0
@@ -101,16 +104,12 @@ def measure(
     from kvscope.sidecar.requests import RequestTracker
     from kvscope.store.rows import RequestTrace
     from kvscope.twin.probed import ProbedTwin
+    from kvscope.whatif.recorded import outcome_records
 
     started = time.perf_counter()
-    blocks_held: list[int] = []
-
-    def on_row(row: object) -> None:
-        if isinstance(row, RequestTrace):
-            blocks_held.append(row.allocated_blocks)
-
+    rows: list[object] = []
     hub = Hub()
-    hub.listeners.append(RequestTracker(on_row).on_event)
+    hub.listeners.append(RequestTracker(rows.append).on_event)
     # A ring that never fills and one keyframe: every later step is exact op replay.
     probed = ProbedTwin(cfg, seed=seed, keyframe_interval_s=1e9, hub=hub)
     waste = _TailWaste()
@@ -130,6 +129,7 @@ def measure(
         raise RuntimeError("the twin took no step: the workload is empty")
     twin, rec = probed.twin, probed.rec
     c, ex = st.counters, st.extremes
+    blocks_held = [r.allocated_blocks for r in rows if isinstance(r, RequestTrace)]
     return Measurement(
         requests=len(requests),
         finished=sum(c.ends.values()),
@@ -145,6 +145,7 @@ def measure(
         usable_blocks=st.ledger.usable_blocks,
         mean_budget_utilization=ex.util_sum / ex.util_steps if ex.util_steps else 0.0,
         mean_blocks_per_request=sum(blocks_held) / len(blocks_held) if blocks_held else 0.0,
+        records=outcome_records(rows),
         faults=c.gaps + c.ledger_mismatches + rec.faults + (result.steps != c.steps),
         wall_seconds=time.perf_counter() - started,
     )

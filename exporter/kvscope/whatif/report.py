@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvscope.whatif_measure import Measurement
-from kvscope.whatif_settings import Setting
+from kvscope.whatif.measure import Measurement
+from kvscope.whatif.recorded import FIGURES, LABELS, Fidelity
+from kvscope.whatif.settings import Setting
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,8 @@ class Report:
     """One line saying what ran (synthetic mix or replayed file)."""
     columns: list[tuple[Setting, Measurement]]
     notes: list[str] = field(default_factory=list)
+    fidelity: Fidelity | None = None
+    """The twin's replay under the server's settings against what the server recorded."""
 
 
 def record(s: Setting, m: Measurement) -> dict[str, Any]:
@@ -97,6 +100,8 @@ def table(report: Report) -> str:
     header = [""] + [r["setting"] for r in records]
     widths = [max(len(row[i]) for row in [header, *cells]) for i in range(len(header))]
     lines = [f"workload: {report.workload}"]
+    if report.fidelity is not None:
+        lines += fidelity_lines(report.fidelity) + [""]
     for row in [header, *cells]:
         text = row[0].ljust(widths[0]) + "".join(
             "  " + cell.rjust(w) for cell, w in zip(row[1:], widths[1:], strict=True))
@@ -109,8 +114,36 @@ def table(report: Report) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _known(v: int | None) -> str:
+    return "?" if v is None else str(v)
+
+
+def _signed(v: int | None) -> str:
+    return "?" if v is None else f"{v:+d}"
+
+
+def fidelity_lines(f: Fidelity) -> list[str]:
+    """The fidelity gate as a small table: server, twin, error, allowed, per figure."""
+    rows = [("", "server", "twin", "error", "allowed")] + [
+        (LABELS[n], _known(f.recorded.get(n)), _known(f.replayed.get(n)), _signed(f.error(n)),
+         f"±{f.allowed(n)}") for n in FIGURES]
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = [f"fidelity: the twin replaying the recorded arrivals under setting {f.setting} "
+             "against what the server recorded"]
+    lines += ["  " + r[0].ljust(widths[0]) + "".join(
+        "  " + c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)) for r in rows]
+    failing = f.failing()
+    lines.append(f"  gate: every figure within {f.tolerance:.0%} of the server's (at least "
+                 "±1): " + ("passed, trust the what-if columns" if not failing else
+                            "FAILED on " + ", ".join(LABELS[n] for n in failing)
+                            + ": the twin does not reproduce this server; read the what-if "
+                            "columns as relative at best"))
+    return lines
+
+
 def as_json(report: Report) -> str:
     doc = {"workload": report.workload, "notes": report.notes,
+           "fidelity": report.fidelity.as_dict() if report.fidelity else None,
            "settings": [record(s, m) for s, m in report.columns]}
     return json.dumps(doc, indent=2) + "\n"
 
@@ -136,7 +169,7 @@ RENDERERS: dict[str, Callable[[Report], str]] = {"table": table, "json": as_json
 
 def write_png(report: Report, path: Path) -> tuple[int, int]:
     """Draw one bar chart per metric; returns the image size (width, height)."""
-    from kvscope.whatif_chart import draw
+    from kvscope.whatif.chart import draw
 
     image = draw([record(s, m) for s, m in report.columns], report.workload)
     image.save(path, format="PNG")

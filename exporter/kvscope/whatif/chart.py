@@ -78,7 +78,7 @@ def _panel(draw: ImageDraw.ImageDraw, x0: int, y0: int, title: str,
 
 
 def draw(records: list[dict[str, Any]], subtitle: str) -> Image.Image:
-    """The chart for ``records`` (``kvscope.whatif_report.record`` dicts)."""
+    """The chart for ``records`` (``kvscope.whatif.report.record`` dicts)."""
     width, height = size(len(records))
     image = Image.new("RGB", (width, height), BACKGROUND)
     pen = ImageDraw.Draw(image)

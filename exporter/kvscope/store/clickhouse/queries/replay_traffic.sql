@@ -1,0 +1,50 @@
+-- Recorded traffic for `kvscope whatif --replay`: one row per request that ended on one
+-- engine between `since` and `until` (epoch seconds of arrival), in the order the
+-- scheduler queued them: its lengths and priority, the engine step it arrived in and the
+-- step it was first admitted in (0-based, as the twin counts steps), and what the server
+-- did with it: preemptions, tokens
+-- computed again, prompt tokens the prefix cache served, the fewest free blocks left
+-- after a step that gave it blocks. `--format json` is a replay file; whatif replays the
+-- arrivals step for step and reports how far its own figures are from these. Steps count
+-- from the engine's start: give `engine` when the server has several engines.
+-- @param since = 0            earliest arrival, epoch seconds
+-- @param until = 99999999999  latest arrival, epoch seconds
+-- @param model = ''           one model ('' = all)
+-- @param engine = ''          one engine ('' = all)
+-- @param server = ''          one vLLM server ('' = all)
+SELECT
+    t.request_id AS request_id,
+    t.engine AS engine,
+    t.prompt_len AS prompt_len,
+    t.output_len AS output_len,
+    t.max_gen_len AS max_gen_len,
+    e.priority AS priority,
+    e.queued_step - 1 AS arrival_step,
+    e.admitted_step - 1 AS admitted_step,
+    t.preempt_count AS preempt_count,
+    t.recomputed_tokens AS recomputed_tokens,
+    t.cached_tokens AS cached_tokens,
+    e.min_free_blocks AS min_free_blocks,
+    t.finish_reason AS finish_reason
+FROM request_traces AS t
+INNER JOIN
+(
+    SELECT
+        engine,
+        request_id,
+        minIf(step, event = 'queued') AS queued_step,
+        minIf(toInt64OrZero(extract(detail, 'position=([0-9]+)')), event = 'queued') AS position,
+        minIf(toInt64OrZero(extract(detail, 'priority=(-?[0-9]+)')), event = 'queued') AS priority,
+        minOrNullIf(step, event = 'admitted') AS admitted_step,
+        minOrNullIf(free_blocks, event IN ('admitted', 'resumed', 'allocated')
+                    AND free_blocks >= 0) AS min_free_blocks
+    FROM request_events
+    WHERE ({engine:String} = '' OR engine = {engine:String})
+    GROUP BY engine, request_id
+    HAVING countIf(event = 'queued') > 0
+) AS e ON e.engine = t.engine AND e.request_id = t.request_id
+WHERE toFloat64(t.arrival_ts) BETWEEN {since:Float64} AND {until:Float64}
+  AND ({model:String} = '' OR t.model = {model:String})
+  AND ({engine:String} = '' OR t.engine = {engine:String})
+  AND ({server:String} = '' OR t.server = {server:String})
+ORDER BY arrival_step, e.position, request_id

@@ -1,0 +1,136 @@
+"""The fidelity gate and safe concurrency of ``kvscope whatif``, on vLLM's real scheduler.
+
+A twin run stands in for a recorded server here (the engine test does it against a real
+one): its RequestTracker rows become replay records, and replaying those under the same
+settings must give the same five figures exactly (error 0, the gate passes); under other
+settings the gate must fail and say on which figures.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvscope.twin import TwinConfig, WorkloadSpec, generate
+from kvscope.whatif.concurrency import TRIALS, closed_loop, safe_concurrency
+from kvscope.whatif.measure import measure
+from kvscope.whatif.recorded import FIGURES, figures
+from tests.twin.test_whatif import cli
+
+pytestmark = pytest.mark.twin
+
+# No shared prefix: replay records cannot say who shared one (see kvscope.whatif.replay).
+SPEC = WorkloadSpec(n_requests=70, seed=6, shared_prefix_fraction=0.0)
+SHORT = WorkloadSpec(n_requests=40, seed=2, short_fraction=1.0, max_tokens=(32, 256), waves=1)
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, object]]]:
+    requests = generate(SPEC)
+    m = measure(TwinConfig(), requests, seed=SPEC.seed)
+    assert m.preemptions_total > 0 and m.drained and m.faults == 0
+    # The records say what the run did, as the hub counted it.
+    f = figures(m.records, m.usable_blocks)
+    assert (f.preemptions, f.recomputed_tokens, f.peak_used_blocks) == (
+        m.preemptions_total, m.recomputed_tokens, m.peak_used_blocks)
+    assert [r["arrival_step"] for r in m.records] == sorted(r.arrival_step for r in requests)
+    assert {r["arrival_step"] for r in m.records} == {0, 20, 40, 60}  # the four waves
+    path = tmp_path_factory.mktemp("fidelity") / "recorded.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in m.records))
+    return path, m.records
+
+
+def test_replay_under_the_same_settings_has_no_error(
+        recorded: tuple[Path, list[dict[str, object]]],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    path, records = recorded
+    rc, out, _ = cli(capsys, "--replay", str(path), "--baseline", "blocks:48",
+                     "--blocks", "40", "--seed", "3", "--format", "json")
+    assert rc == 0
+    doc = json.loads(out)
+    fid = doc["fidelity"]
+    expected = figures(records, 47)
+    assert fid["trusted"] is True and fid["failing"] == []
+    for name in FIGURES:
+        f = fid["figures"][name]
+        assert f["recorded"] == f["replayed"] == expected.get(name), name
+        assert f["error"] == 0 and f["allowed"] == max(1, int(0.1 * f["recorded"]))
+    assert [s["setting"] for s in doc["settings"]] == ["server", "base"]
+    assert doc["settings"][0]["preemptions"] == expected.preemptions
+
+
+def test_replay_under_other_settings_fails_the_gate(
+        recorded: tuple[Path, list[dict[str, object]]],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    path, records = recorded
+    rc, out, _ = cli(capsys, "--replay", str(path), "--baseline", "blocks:96",
+                     "--format", "json")
+    assert rc == 0
+    fid = json.loads(out)["fidelity"]
+    twin = measure(TwinConfig(num_blocks=96), json_requests(path), seed=0)
+    assert {n: f["replayed"] for n, f in fid["figures"].items()} == {
+        n: figures(twin.records, 95).get(n) for n in FIGURES}
+    assert {n: f["recorded"] for n, f in fid["figures"].items()} == {
+        n: figures(records, 95).get(n) for n in FIGURES}
+    assert fid["trusted"] is False and "preemptions" in fid["failing"]
+    rc, out, _ = cli(capsys, "--replay", str(path), "--baseline", "blocks:96")
+    lines = out.splitlines()
+    assert lines[1].startswith("fidelity: ")
+    row = next(x for x in lines if x.startswith("  preemptions "))
+    p = fid["figures"]["preemptions"]
+    assert row.split()[1:5] == [str(p["recorded"]), str(p["replayed"]),
+                                f"{p['error']:+d}", f"±{p['allowed']}"]
+    gate = next(x for x in lines if x.startswith("  gate: "))
+    assert "FAILED on preemptions" in gate
+    header = next(i for i, x in enumerate(lines) if x.split() == ["server", "base"])
+    assert lines.index(gate) < header
+
+
+def json_requests(path: Path) -> list[object]:
+    from kvscope.whatif.replay import load
+
+    return load(path, seed=0, step_ms=20.0, max_model_len=1024).requests
+
+
+def test_baseline_needs_recorded_outcomes(capsys: pytest.CaptureFixture[str],
+                                         tmp_path: Path) -> None:
+    path = tmp_path / "lengths.jsonl"
+    path.write_text('{"prompt_len": 20, "output_len": 5}\n')
+    rc, _, err = cli(capsys, "--replay", str(path), "--baseline", "blocks:48")
+    assert rc == 2 and "--baseline needs --replay of a file that records" in err
+    rc, _, err = cli(capsys, "--baseline", "blocks:48")
+    assert rc == 2 and "--baseline needs --replay" in err
+    rc, _, err = cli(capsys, "--safe-concurrency", "--png", str(tmp_path / "x.png"))
+    assert rc == 2 and "--safe-concurrency has no chart" in err
+
+
+@pytest.mark.parametrize("cfg", [TwinConfig(), TwinConfig(layout="full+sliding",
+                                                          sliding_window=64, num_blocks=96)],
+                         ids=["full", "full+sliding"])
+def test_safe_concurrency_is_what_the_closed_loop_runs_show(cfg: TwinConfig) -> None:
+    requests = generate(SHORT)
+    a = safe_concurrency(cfg, requests, seed=2)
+    assert 1 <= a.safe < a.preempts_from <= cfg.max_num_seqs and not a.capped
+    for c in range(1, a.safe + 1):
+        assert [t.preemptions for t in a.at(c)] == [0] * TRIALS
+        assert max(t.peak_running for t in a.at(c)) == c  # the loop keeps c in flight
+    assert all(t.preemptions > 0 for t in a.at(a.preempts_from))
+    assert a.preempts_from <= a.first_wave_from == max(t.concurrency for t in a.trials)
+    assert all(t.first_wave for t in a.at(a.first_wave_from))
+    assert not all(t.first_wave for t in a.at(a.first_wave_from - 1))
+    assert max(a.at(a.safe + 1), key=lambda t: t.preemptions).preemptions > 0
+    again = closed_loop(cfg, requests, a.safe, seed=2, delay_seed=TRIALS - 1)
+    assert again == a.at(a.safe)[-1]  # seeded: the same trial every time
+
+
+def test_safe_concurrency_stops_at_max_num_seqs(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = cli(capsys, "--safe-concurrency", "--short-fraction", "1", "--max-tokens",
+                     "8:16", "--requests", "12", "--waves", "1", "--max-seqs", "3",
+                     "--blocks", "48", "--format", "json")
+    assert rc == 0
+    (r,) = json.loads(out)["settings"]
+    assert (r["safe_concurrency"], r["preempts_from"], r["capped_by_max_num_seqs"]) == (
+        3, None, True)
+    assert r["preempting_trials"] == {"1": 0, "2": 0, "3": 0}
