@@ -32,13 +32,12 @@ a hit happened, not with whom), so their replay has no prefix-cache hits between
 from __future__ import annotations
 
 import json
-import math
 import random
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from kvscope.times import epoch_seconds
 from kvscope.twin.workload import TOKEN_ID_MAX, TOKEN_ID_MIN, TwinRequest
 
 MAX_ERRORS_SHOWN = 20
@@ -107,25 +106,11 @@ def _int(rec: dict[str, Any], key: str, least: int, errors: list[str]) -> int | 
 
 def _seconds(rec: dict[str, Any], key: str, errors: list[str]) -> float | None:
     value = rec[key]
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if math.isfinite(value):
-            return float(value)
-    elif isinstance(value, str):
-        try:
-            number = float(value)
-            if math.isfinite(number):
-                return number
-        except ValueError:
-            pass
-        try:
-            when = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-        except ValueError:
-            pass
-        else:
-            when = when if when.tzinfo else when.replace(tzinfo=timezone.utc)
-            return when.timestamp()
-    errors.append(f"{rec['_where']}: {key} must be seconds or a date-time, got {value!r}")
-    return None
+    try:
+        return epoch_seconds(value)
+    except ValueError:
+        errors.append(f"{rec['_where']}: {key} must be seconds or a date-time, got {value!r}")
+        return None
 
 
 def _arrivals(records: list[dict[str, Any]], step_ms: float, errors: list[str]) -> list[int]:
