@@ -15,6 +15,9 @@ Every EngineCore process gets a distinct, stable identity by default, with no se
 - ``started``: this process's start time (epoch seconds, 0.0 unknown), so the sidecar can
   tell whether the PID it sees is this very process (same host and PID namespace) before it
   judges the process dead by its PID.
+
+``hello(sched)`` is what a probe says first: this identity, a fresh session, and the
+scheduler's settings and KV layout the sidecar needs to read every record after it.
 """
 
 from __future__ import annotations
@@ -22,8 +25,12 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
+
+from kvscope_probe import wire
 
 ENV_SERVER = "KVSCOPE_SERVER"
 ENV_ENGINE = "KVSCOPE_ENGINE"
@@ -118,3 +125,39 @@ def engine_identity(vllm_config: Any, env: dict[str, str] | None = None,
     engine = env.get(ENV_ENGINE) or str(max(dp, 0))
     return Identity(server=_label(server), engine=_label(engine) or "0", dp_rank=dp,
                     started=process_start_time())
+
+
+def hello(sched: Any) -> wire.Hello:
+    """The Hello for vLLM scheduler ``sched``: a new session of this engine."""
+    import vllm
+
+    cfg = sched.vllm_config
+    pool = sched.kv_cache_manager.block_pool
+    groups = [
+        wire.KVGroup(type(g.kv_cache_spec).__name__, int(g.kv_cache_spec.block_size))
+        for g in sched.kv_cache_config.kv_cache_groups
+    ]
+    served = cfg.model_config.served_model_name
+    if isinstance(served, (list, tuple)):
+        served = served[0] if served else None
+    ident = engine_identity(cfg)
+    sc = sched.scheduler_config
+    return wire.Hello(
+        engine=ident.engine,
+        session=uuid.uuid4().hex[:16],
+        pid=os.getpid(),
+        vllm_version=str(getattr(vllm, "__version__", "unknown")),
+        model=str(served or cfg.model_config.model),
+        num_blocks=int(pool.num_gpu_blocks),
+        block_size=int(sched.block_size),
+        kv_groups=groups,
+        token_budget=int(sched.max_num_scheduled_tokens),
+        max_num_batched_tokens=int(sc.max_num_batched_tokens),
+        max_num_seqs=int(sc.max_num_seqs),
+        policy=str(sched.policy.value),
+        prefix_caching=bool(pool.enable_caching),
+        ts=time.time(),
+        server=ident.server,
+        dp_rank=ident.dp_rank,
+        started=ident.started,
+    )

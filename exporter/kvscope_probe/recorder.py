@@ -14,9 +14,7 @@ as often). It never sends or blocks; the sender thread (``sender.py``) does.
 from __future__ import annotations
 
 import logging
-import os
 import time
-import uuid
 from collections import deque
 from itertools import compress
 from typing import Any
@@ -24,7 +22,7 @@ from typing import Any
 import msgspec
 
 from kvscope_probe import wire
-from kvscope_probe.identity import engine_identity
+from kvscope_probe.identity import hello
 from kvscope_probe.mirror import PoolMirror
 from kvscope_probe.reasons import classify
 
@@ -78,7 +76,7 @@ class Recorder(PoolMirror):
         self.dirty = False  # a contained fault may have left the mirror wrong: rescan
         self.in_schedule = False
         self.last_probe_ns = 0
-        self.hello = self._hello(sched)
+        self.hello = hello(sched)
         self.group_block_sizes = [g.block_size for g in self.hello.kv_groups]
         self.kv_holding = getattr(sched, "kv_holding_waiting", None)
         self.spec_prev: list[str] = []
@@ -90,41 +88,6 @@ class Recorder(PoolMirror):
         per_group = (wire.cdiv(self.hello.token_budget + look * self.hello.max_num_seqs,
                            min(self.group_block_sizes)) + self.hello.max_num_seqs)
         self.arm_below = per_group * len(self.group_block_sizes)
-
-    # -- setup ----------------------------------------------------------------
-    def _hello(self, sched: Any) -> wire.Hello:
-        import vllm
-
-        cfg = sched.vllm_config
-        groups = [
-            wire.KVGroup(type(g.kv_cache_spec).__name__, int(g.kv_cache_spec.block_size))
-            for g in sched.kv_cache_config.kv_cache_groups
-        ]
-        served = cfg.model_config.served_model_name
-        if isinstance(served, (list, tuple)):
-            served = served[0] if served else None
-        model = str(served or cfg.model_config.model)
-        ident = engine_identity(cfg)
-        sc = sched.scheduler_config
-        return wire.Hello(
-            engine=ident.engine,
-            session=uuid.uuid4().hex[:16],
-            pid=os.getpid(),
-            vllm_version=str(getattr(vllm, "__version__", "unknown")),
-            model=model,
-            num_blocks=int(self.pool.num_gpu_blocks),
-            block_size=int(sched.block_size),
-            kv_groups=groups,
-            token_budget=int(sched.max_num_scheduled_tokens),
-            max_num_batched_tokens=int(sc.max_num_batched_tokens),
-            max_num_seqs=int(sc.max_num_seqs),
-            policy=str(sched.policy.value),
-            prefix_caching=bool(self.pool.enable_caching),
-            ts=_wall(),
-            server=ident.server,
-            dp_rank=ident.dp_rank,
-            started=ident.started,
-        )
 
     # -- ring -------------------------------------------------------------------
     def push(self, item: wire.Record) -> None:
