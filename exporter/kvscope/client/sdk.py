@@ -22,6 +22,7 @@ from kvscope import __version__
 from kvscope.client.config import ClientConfig
 from kvscope.client.core import Action, ClientCore, ClientState, Poll, Send, Sleep
 from kvscope.client.errors import ResponseFormatError
+from kvscope.http import limits
 
 log = logging.getLogger("kvscope.client")
 USER_AGENT = f"kvscope-client/{__version__}"
@@ -108,7 +109,7 @@ class KVScopeClient(_Base):
         super().__init__(base_url, client_id, api_key, client_id_header, preempt_rate_url,
                          sidecar_token, config, clock)
         self._owns_http = http is None
-        self._http = http or httpx.Client(timeout=config.request_timeout_s)
+        self._http = http or httpx.Client(timeout=config.request_timeout_s, limits=limits())
         self._sleep = sleep
 
     def completions(self, *, model: str, prompt: str | list[Any], **kw: Any) -> dict[str, Any]:
@@ -177,7 +178,7 @@ class AsyncKVScopeClient(_Base):
         super().__init__(base_url, client_id, api_key, client_id_header, preempt_rate_url,
                          sidecar_token, config, clock)
         self._owns_http = http is None
-        self._http = http or httpx.AsyncClient(timeout=config.request_timeout_s)
+        self._http = http or httpx.AsyncClient(timeout=config.request_timeout_s, limits=limits())
         self._sleep = sleep
 
     async def completions(self, *, model: str, prompt: str | list[Any],

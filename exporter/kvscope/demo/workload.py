@@ -30,6 +30,7 @@ from kvscope.client import (
     KVScopeClientError,
 )
 from kvscope.client.sdk import USER_AGENT
+from kvscope.http import limits as http_limits
 from kvscope.twin import WorkloadSpec, generate
 from kvscope.twin.workload import TwinRequest
 
@@ -215,7 +216,7 @@ def _http(app: str) -> httpx.AsyncClient:
     async def tag(request: httpx.Request) -> None:
         request.headers["User-Agent"] = agent
 
-    # Idle connections are dropped before uvicorn's 5 s keep-alive ends: reusing one the
+    # Idle connections retire before vLLM's keep-alive ends (kvscope.http): reusing one the
     # server is closing fails as a ReadError the SDK (rightly) does not retry.
     return httpx.AsyncClient(timeout=600.0, trust_env=False, event_hooks={"request": [tag]},
-                             limits=httpx.Limits(max_connections=256, keepalive_expiry=2.0))
+                             limits=http_limits(256))

@@ -19,6 +19,8 @@ from typing import Any
 
 import httpx
 
+from kvscope.http import limits as http_limits
+
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 WORDS = tuple(f"w{i}" for i in range(900))
 """The tiny model's tokenizer knows these words: one token each."""
@@ -161,7 +163,7 @@ async def run_load(base_url: str = DEFAULT_BASE_URL, spec: LoadSpec | None = Non
     # trust_env=False: an HTTP(S)_PROXY in the environment must not capture 127.0.0.1.
     async with httpx.AsyncClient(
         base_url=base_url, timeout=httpx.Timeout(spec.timeout_s), trust_env=False,
-        limits=httpx.Limits(max_connections=spec.concurrency),
+        limits=http_limits(spec.concurrency),
     ) as client:
         started = time.perf_counter()
         tasks = [asyncio.create_task(one(client, i)) for i in range(spec.n_requests)]
