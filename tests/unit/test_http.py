@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
+
 from kvscope import http
 from kvscope.client import AsyncKVScopeClient, KVScopeClient
 
@@ -21,19 +23,19 @@ def test_idle_connections_retire_before_vllm_closes_them() -> None:
     assert http.limits(32).max_connections == 32
 
 
-def _pool_expiry(client: object) -> float | None:
-    return client._http._transport._pool._keepalive_expiry  # type: ignore[attr-defined]
+def _pool_expiry(client: httpx.Client | httpx.AsyncClient) -> float | None:
+    return client._transport._pool._keepalive_expiry  # type: ignore[union-attr]
 
 
 def test_the_sdk_uses_those_limits() -> None:
     sync = KVScopeClient("http://127.0.0.1:1", client_id="c")
     try:
-        assert _pool_expiry(sync) == http.KEEPALIVE_EXPIRY_S
+        assert _pool_expiry(sync._http) == http.KEEPALIVE_EXPIRY_S
     finally:
         sync.close()
     client = AsyncKVScopeClient("http://127.0.0.1:1", client_id="c")
     try:
-        assert _pool_expiry(client) == http.KEEPALIVE_EXPIRY_S
+        assert _pool_expiry(client._http) == http.KEEPALIVE_EXPIRY_S
     finally:
         asyncio.run(client.aclose())
 
@@ -43,6 +45,6 @@ def test_the_demo_workload_uses_them() -> None:
 
     demo = _http("agent")
     try:
-        assert demo._transport._pool._keepalive_expiry == http.KEEPALIVE_EXPIRY_S
+        assert _pool_expiry(demo) == http.KEEPALIVE_EXPIRY_S
     finally:
         asyncio.run(demo.aclose())
