@@ -163,8 +163,10 @@ def run(args: argparse.Namespace) -> int:
                     print(f"[{i}/{len(settings)}] {s.name}: safe concurrency {a.safe}",
                           file=sys.stderr, flush=True)
 
-            results = safe.answers(settings, work.requests, seed=args.seed, on_done=done)
-            sys.stdout.write(safe.render(args.format, work.workload, results))
+            client = safe.client_of(work.records)
+            results = safe.answers(settings, work.requests, seed=args.seed, client=client,
+                                   on_done=done)
+            sys.stdout.write(safe.render(args.format, work.workload, results, client))
             return 0
         report = compare(work, seed=args.seed, max_steps=args.max_steps, progress=progress)
     except ImportError as exc:

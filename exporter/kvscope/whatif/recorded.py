@@ -87,6 +87,8 @@ def outcome_records(rows: Iterable[Any]) -> list[dict[str, Any]]:
                 facts = dict(kv.partition("=")[::2] for kv in row.detail.split())
                 seen["position"] = int(facts.get("position", 0))
                 seen["priority"] = int(facts.get("priority", 0))
+            if row.event in ("finished", "aborted"):
+                seen["finished"] = max(seen.get("finished", row.step - 1), row.step - 1)
             if row.event in _GIVES_BLOCKS and row.free_blocks >= 0:
                 seen["free"] = min(seen.get("free", row.free_blocks), row.free_blocks)
     out = []
@@ -99,6 +101,7 @@ def outcome_records(rows: Iterable[Any]) -> list[dict[str, Any]]:
                     "max_gen_len": t.max_gen_len, "priority": seen.get("priority", 0),
                     "arrival_step": seen["queued"],
                     "admitted_step": seen.get("admitted"),
+                    "finished_step": seen.get("finished"),
                     "preempt_count": t.preempt_count,
                     "recomputed_tokens": t.recomputed_tokens,
                     "cached_tokens": t.cached_tokens, "min_free_blocks": seen.get("free"),

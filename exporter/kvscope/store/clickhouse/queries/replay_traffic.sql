@@ -1,7 +1,9 @@
 -- Recorded traffic for `kvscope whatif --replay`: one row per request that ended on one
 -- engine between `since` and `until` (epoch seconds of arrival), in the order the
 -- scheduler queued them: its lengths and priority, the engine step it arrived in and the
--- step it was first admitted in (0-based, as the twin counts steps), and what the server
+-- step it was first admitted in and the step it ended in (0-based, as the twin counts
+-- steps: a request sent the moment another ended arrives in that end's step, so
+-- arrival_step - finished_step is how many steps the client took), and what the server
 -- did with it: preemptions, tokens
 -- computed again, prompt tokens the prefix cache served, the fewest free blocks left
 -- after a step that gave it blocks. `--format json` is a replay file; whatif replays the
@@ -21,6 +23,7 @@ SELECT
     e.priority AS priority,
     e.queued_step - 1 AS arrival_step,
     e.admitted_step - 1 AS admitted_step,
+    e.finished_step - 1 AS finished_step,
     t.preempt_count AS preempt_count,
     t.recomputed_tokens AS recomputed_tokens,
     t.cached_tokens AS cached_tokens,
@@ -36,6 +39,7 @@ INNER JOIN
         minIf(toInt64OrZero(extract(detail, 'position=([0-9]+)')), event = 'queued') AS position,
         minIf(toInt64OrZero(extract(detail, 'priority=(-?[0-9]+)')), event = 'queued') AS priority,
         minOrNullIf(step, event = 'admitted') AS admitted_step,
+        maxOrNullIf(step, event IN ('finished', 'aborted')) AS finished_step,
         minOrNullIf(free_blocks, event IN ('admitted', 'resumed', 'allocated')
                     AND free_blocks >= 0) AS min_free_blocks
     FROM request_events
