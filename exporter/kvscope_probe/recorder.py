@@ -24,6 +24,7 @@ import msgspec
 from kvscope_probe import wire
 from kvscope_probe.identity import hello
 from kvscope_probe.mirror import PoolMirror
+from kvscope_probe.needhook import need_hook
 from kvscope_probe.reasons import classify
 
 log = logging.getLogger("kvscope_probe")
@@ -73,6 +74,7 @@ class Recorder(PoolMirror):
         self.preemptions: list[wire.Preemption] = []
         self.need: tuple[str, int] | None = None  # last (request_id, blocks to allocate)
         self.need_armed = False
+        self.need_fn: Any = None  # the hook, built at the first arming
         self.dirty = False  # a contained fault may have left the mirror wrong: rescan
         self.in_schedule = False
         self.last_probe_ns = 0
@@ -121,17 +123,11 @@ class Recorder(PoolMirror):
             self.need_armed = False
             self.need = None
             return
-        o_need = type(coord).get_num_blocks_to_allocate
-        rec = self
-
-        def get_num_blocks_to_allocate(*args: Any, **kwargs: Any) -> Any:
-            # Not timed: two clock reads would cost more than this store, once per
-            # scheduled request (the benchmarks measure this hook's cost instead).
-            n = o_need(coord, *args, **kwargs)
-            rec.need = (kwargs["request_id"] if "request_id" in kwargs else args[0], n)
-            return n
-
-        coord.get_num_blocks_to_allocate = get_num_blocks_to_allocate
+        # Not timed: two clock reads would cost more than the hook, once per scheduled
+        # request (benchmarks/probe_micro.py measures it: `engine`, `need_hook_ns`).
+        if self.need_fn is None:  # built once: signature() and exec cost ~0.1 ms
+            self.need_fn = need_hook(type(coord).get_num_blocks_to_allocate, coord, self)
+        coord.get_num_blocks_to_allocate = self.need_fn
         self.need_armed = True
 
     def fault(self, where: str, exc: BaseException, *, rescan: bool = True) -> None:
