@@ -19,8 +19,10 @@ Observed:
   which table the ``free_blocks`` call inside it concerns. Full attention never calls it.
 
 Time spent in the handlers the wrappers call is added to ``Recorder.wrap_ns`` and
-reported with the next step; the call layers themselves and the blocks-needed hook are
-not timed (a clock read costs more than they do); benchmarks/ measures them.
+reported with the next step; the call layers themselves, the ``get_new_blocks`` wrapper
+(one append: its blocks' IDs are read when the step's ops settle, inside the step record)
+and the blocks-needed hook are not timed (a clock read costs more than they do);
+benchmarks/probe_micro.py measures them (``engine``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from kvscope_probe.mirror import PENDING_ALLOC
 from kvscope_probe.recorder import Recorder
 
 _now_ns = time.perf_counter_ns
@@ -197,7 +200,18 @@ def _pool_hooks(cls: Any) -> None:
         return ret
 
     cls.touch = touch
-    cls.get_new_blocks = _after(cls.get_new_blocks, "on_alloc", result=True)
+    o_new = cls.get_new_blocks
+
+    def get_new_blocks(self: Any, num_blocks: Any, *args: Any, **kwargs: Any) -> Any:
+        ret = o_new(self, num_blocks, *args, **kwargs)
+        rec = self._kvscope
+        if ret and rec is not None and rec.enabled:
+            # One append, settled at the step's end (mirror.PENDING_ALLOC); a tuple, so
+            # nothing vLLM later does to its list changes what is recorded.
+            rec.ops.append((PENDING_ALLOC, tuple(ret)))
+        return ret
+
+    cls.get_new_blocks = get_new_blocks
     cls.free_blocks = _after(cls.free_blocks, "on_free", result=False)
     cls.unpin_blocks = _after(cls.unpin_blocks, "on_free", result=False)
     if callable(getattr(cls, "evict_blocks", None)):

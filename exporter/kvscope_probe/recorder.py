@@ -273,6 +273,7 @@ class Recorder(PoolMirror):
 
     def keyframe(self, t_now: int) -> None:
         """Copy the mirror (no pool scan) plus the running requests' block tables."""
+        self.settle()
         if self.dirty:
             self.states = self._scan_states()
             self.dirty = False
