@@ -10,12 +10,14 @@ a step at 256 running requests, stays one append.
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any
 
 from kvscope_probe import wire
 
 PENDING_ALLOC = -1
 """An op not yet settled: ``(PENDING_ALLOC, the blocks get_new_blocks returned)``."""
+_block_id = attrgetter("block_id")
 _STATE_AFTER = {wire.OP_ALLOC: wire.STATE_USED, wire.OP_FREE: wire.STATE_FREE,
                 wire.OP_FREE_CACHED: wire.STATE_CACHED, wire.OP_UNCACHE: wire.STATE_FREE}
 
@@ -62,9 +64,12 @@ class PoolMirror:
         st = self.states
         for k in range(self.settled, len(ops)):
             kind, ids = ops[k]
-            if kind == PENDING_ALLOC:
-                kind, ids = wire.OP_ALLOC, [b.block_id for b in ids]
-                ops[k] = (kind, ids)
+            if kind == PENDING_ALLOC:  # the common case: C-level reads, no state lookup
+                ids = list(map(_block_id, ids))
+                ops[k] = (wire.OP_ALLOC, ids)
+                for i in ids:
+                    st[i] = wire.STATE_USED
+                continue
             if kind == wire.OP_UNCACHE_ALL:
                 self.states = st = bytearray(
                     wire.STATE_FREE if s == wire.STATE_CACHED else s for s in st)

@@ -217,7 +217,10 @@ class Recorder(PoolMirror):
             return 0, ""
         req = waiting.peek_request()
         n = req.num_tokens
-        return sum(wire.cdiv(n, bs) for bs in self.group_block_sizes), req.request_id
+        sizes = self.group_block_sizes
+        if len(sizes) == 1:  # most models: no generator per step
+            return -(-n // sizes[0]), req.request_id
+        return sum(wire.cdiv(n, bs) for bs in sizes), req.request_id
 
     def on_step(self, out: Any, schedule_ns: int, t_end: int) -> None:
         """After schedule(): one ring entry; a keyframe when due or after a gap.
