@@ -21,8 +21,9 @@ Observed:
 Time spent in the handlers the wrappers call is added to ``Recorder.wrap_ns`` and
 reported with the next step; the call layers themselves, the ``get_new_blocks`` wrapper
 (one append: its blocks' IDs are read when the step's ops settle, inside the step record)
-and the blocks-needed hook are not timed (a clock read costs more than they do);
-benchmarks/probe_micro.py measures them (``engine``).
+and the blocks-needed hook are not timed (a clock read costs more than they do): the step
+record adds them as calls x a cost measured at attach (``calibrate``);
+benchmarks/probe_micro.py measures them all (``engine``).
 """
 
 from __future__ import annotations

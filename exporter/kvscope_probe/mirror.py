@@ -30,6 +30,9 @@ class PoolMirror:
         self.ops: list[tuple[int, Any]] = []
         self.settled = 0
         """How many of ``ops`` ``states`` reflects (and none of those is pending)."""
+        self.allocs = 0
+        """Pending allocations settled since the step record last read this (each one a
+        ``get_new_blocks`` call: its untimed wrapper is estimated per call)."""
         self.nulled: list[wire.Nulled] = []
         self.relocated: list[wire.Nulled] = []
         self.null_ctx: tuple[str, int] | None = None
@@ -65,6 +68,7 @@ class PoolMirror:
         for k in range(self.settled, len(ops)):
             kind, ids = ops[k]
             if kind == PENDING_ALLOC:  # the common case: C-level reads, no state lookup
+                self.allocs += 1
                 ids = list(map(_block_id, ids))
                 ops[k] = (wire.OP_ALLOC, ids)
                 for i in ids:

@@ -26,16 +26,31 @@ def need_hook(o_need: Callable[..., int], coord: Any, rec: Any) -> Callable[...,
     src = _source(o_need)
     if src is None:
         return _generic(o_need, coord, rec)
-    ns: dict[str, Any] = {"_o": o_need, "_coord": coord, "_rec": rec}
-    params = list(inspect.signature(o_need).parameters.values())[1:]
+    return _build(src, o_need, {"_o": o_need, "_coord": coord, "_rec": rec})
+
+
+def stand_in(o_need: Callable[..., int]) -> tuple[Callable[..., int], dict[str, Any]]:
+    """A method with ``o_need``'s signature that does nothing, and keywords to call it
+    with as vLLM does (calibrate.py times the hook around it)."""
+    params = _params(o_need)
+    if params is None:
+        return (lambda self, *a, **k: 0), {"request_id": "r"}
+    sig, _ = _signature(params)
+    src = f"def get_num_blocks_to_allocate(self, {sig}):\n    return 0\n"
+    kwargs = {p.name: 0 for p in params if p.default is _P.empty}
+    return _build(src, o_need, {}), {**kwargs, "request_id": "r"}
+
+
+def _build(src: str, o_need: Callable[..., int], ns: dict[str, Any]) -> Callable[..., int]:
+    params = _params(o_need) or []
     ns.update({f"_d_{p.name}": p.default for p in params if p.default is not _P.empty})
     exec(src, ns)  # noqa: S102 - our own source, built from parameter names only
     fn: Callable[..., int] = ns["get_num_blocks_to_allocate"]
     return fn
 
 
-def _source(o_need: Callable[..., int]) -> str | None:
-    """The hook's source with ``o_need``'s parameters (after ``self``), or None."""
+def _params(o_need: Callable[..., int]) -> list[inspect.Parameter] | None:
+    """``o_need``'s parameters after ``self`` when the hook can copy them, else None."""
     try:
         params = list(inspect.signature(o_need).parameters.values())[1:]
     except (TypeError, ValueError):
@@ -45,6 +60,12 @@ def _source(o_need: Callable[..., int]) -> str | None:
     if (not params or "request_id" not in names or any(p.kind not in kinds for p in params)
             or _NAMES & set(names) or any(n.startswith("_d_") for n in names)):
         return None
+    return params
+
+
+def _signature(params: list[inspect.Parameter]) -> tuple[str, str]:
+    """The parameter list of a ``def`` with these parameters, and the arguments that
+    pass them all on (positionally where they can be)."""
     sig: list[str] = []
     args: list[str] = []
     for p in params:
@@ -52,8 +73,17 @@ def _source(o_need: Callable[..., int]) -> str | None:
             sig.append("*")
         sig.append(p.name if p.default is _P.empty else f"{p.name}=_d_{p.name}")
         args.append(p.name if p.kind is _P.POSITIONAL_OR_KEYWORD else f"{p.name}={p.name}")
-    return (f"def get_num_blocks_to_allocate({', '.join(sig)}):\n"
-            f"    n = _o(_coord, {', '.join(args)})\n"
+    return ", ".join(sig), ", ".join(args)
+
+
+def _source(o_need: Callable[..., int]) -> str | None:
+    """The hook's source with ``o_need``'s parameters (after ``self``), or None."""
+    params = _params(o_need)
+    if params is None:
+        return None
+    sig, args = _signature(params)
+    return (f"def get_num_blocks_to_allocate({sig}):\n"
+            f"    n = _o(_coord, {args})\n"
             "    _rec.need = (request_id, n)\n"
             "    return n\n")
 

@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 
 from kvscope_probe import wire
+from kvscope_probe.calibrate import layer_costs
 from kvscope_probe.identity import hello
 from kvscope_probe.mirror import PoolMirror
 from kvscope_probe.needhook import need_hook
@@ -75,6 +76,8 @@ class Recorder(PoolMirror):
         self.need: tuple[str, int] | None = None  # last (request_id, blocks to allocate)
         self.need_armed = False
         self.need_fn: Any = None  # the hook, built at the first arming
+        self.alloc_ns, self.need_ns = layer_costs(
+            type(mgr.coordinator).get_num_blocks_to_allocate)
         self.dirty = False  # a contained fault may have left the mirror wrong: rescan
         self.in_schedule = False
         self.last_probe_ns = 0
@@ -255,8 +258,12 @@ class Recorder(PoolMirror):
         due = t_end >= self.next_keyframe_ns
         if due or (self.want_keyframe and t_end >= self.next_forced_ns):
             self.keyframe(t_end)
+        # The untimed layers, estimated: the get_new_blocks wrapper per call, and the
+        # need hook, armed through this step, once per scheduled request at least.
+        untimed = self.allocs * self.alloc_ns + self.need_armed * len(nst) * self.need_ns
+        self.allocs = 0
         self.watch_need(free)
-        self.last_probe_ns = _now_ns() - t_end + self.wrap_ns
+        self.last_probe_ns = _now_ns() - t_end + self.wrap_ns + int(untimed)
         self.wrap_ns = 0
 
     def _rolled_back(self, spec: Any, nst: Any) -> dict[str, int]:
