@@ -17,7 +17,7 @@ many times; the figure per step is the MINIMUM over the repetitions (noise on a 
 - ``self``: the probe's own per-step report from the real run (``Step.probe_ns``: the
   step record and every wrapper's time, wall clock, one run: noisy, not a minimum);
 - ``encode``: the sender thread's work: frames of ``--batch`` encoded steps built and
-  encoded around them, per step; ``send floor``: one ZMQ send per frame of those bytes,
+  encoded around them, per step; ``send floor``: one wakeup and one ZMQ send per frame,
   the sending thread's CPU, per step (the least a sender can do);
 - ``ingest``: the sidecar's work for 8 engines replaying the window (decode, hub, ledger,
   request tracker), CPU time per engine step;
