@@ -15,7 +15,8 @@ many times; the figure per step is the MINIMUM over the repetitions (noise on a 
   sidecar's ledger exact (what it leaves out: ``micro_floor.py``); ``calls/st``: pool
   calls per step + allocations the armed hook saw;
 - ``self``: the probe's own per-step report from the real run (``Step.probe_ns``: the
-  step record and every wrapper's time, wall clock, one run: noisy, not a minimum);
+  step record and the wrappers' handlers, wall clock, plus the untimed call layers as
+  calls x calibrated costs; one run: noisy, not a minimum);
 - ``encode``: the sender thread's work: frames of ``--batch`` encoded steps built and
   encoded around them, per step; ``send floor``: one wakeup and one ZMQ send per frame,
   the sending thread's CPU, per step (the least a sender can do);
