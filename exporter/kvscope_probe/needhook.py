@@ -20,6 +20,35 @@ _P = inspect.Parameter
 _NAMES = {"_o", "_coord", "_rec"}
 
 
+def arm_below(sched: Any, hello: Any) -> int:
+    """Free blocks at or below which an allocation of the next step could fail.
+
+    None can fail while more blocks are free than the step can take: each scheduled
+    request gets at most cdiv(its new tokens, block size) + 1 blocks per group, and new
+    tokens (lookahead included) are bounded by the budget."""
+    sizes = [g.block_size for g in hello.kv_groups]
+    look = int(getattr(sched, "num_lookahead_tokens", 0) or 0)
+    per_group = (-(-(hello.token_budget + look * hello.max_num_seqs) // min(sizes))
+                 + hello.max_num_seqs)
+    return per_group * len(sizes)
+
+
+def arm(rec: Any, on: bool) -> None:
+    """Shadow the coordinator's method with the hook (``on``) or remove it. The hook is
+    not timed: two clock reads would cost more than it does, once per scheduled request
+    (the step record adds calls x its calibrated cost; probe_micro measures it)."""
+    coord = rec.mgr.coordinator
+    if not on:
+        coord.__dict__.pop("get_num_blocks_to_allocate", None)
+        rec.need_armed = False
+        rec.need = None
+        return
+    if rec.need_fn is None:  # built once: signature() and exec cost ~0.1 ms
+        rec.need_fn = need_hook(type(coord).get_num_blocks_to_allocate, coord, rec)
+    coord.get_num_blocks_to_allocate = rec.need_fn
+    rec.need_armed = True
+
+
 def need_hook(o_need: Callable[..., int], coord: Any, rec: Any) -> Callable[..., int]:
     """A function that calls ``o_need(coord, ...)`` and stores ``(request_id, result)``
     in ``rec.need``; with ``o_need``'s signature when it can be copied."""

@@ -25,7 +25,7 @@ from kvscope_probe import wire
 from kvscope_probe.calibrate import layer_costs
 from kvscope_probe.identity import hello
 from kvscope_probe.mirror import PoolMirror
-from kvscope_probe.needhook import need_hook
+from kvscope_probe.needhook import arm, arm_below
 from kvscope_probe.reasons import classify
 
 log = logging.getLogger("kvscope_probe")
@@ -86,13 +86,7 @@ class Recorder(PoolMirror):
         self.kv_holding = getattr(sched, "kv_holding_waiting", None)
         self.spec_prev: list[str] = []
         self.policy = self.hello.policy
-        # No allocation in a step can fail while more blocks are free than the step can
-        # take: each scheduled request gets at most cdiv(its new tokens, block size) + 1
-        # blocks per group, and new tokens (lookahead included) are bounded by the budget.
-        look = int(getattr(sched, "num_lookahead_tokens", 0) or 0)
-        per_group = (wire.cdiv(self.hello.token_budget + look * self.hello.max_num_seqs,
-                           min(self.group_block_sizes)) + self.hello.max_num_seqs)
-        self.arm_below = per_group * len(self.group_block_sizes)
+        self.arm_below = arm_below(sched, self.hello)
 
     # -- ring -------------------------------------------------------------------
     def push(self, item: wire.Record) -> None:
@@ -120,18 +114,7 @@ class Recorder(PoolMirror):
         on = free_blocks <= self.arm_below
         if on == self.need_armed:
             return
-        coord = self.mgr.coordinator
-        if not on:
-            coord.__dict__.pop("get_num_blocks_to_allocate", None)
-            self.need_armed = False
-            self.need = None
-            return
-        # Not timed: two clock reads would cost more than the hook, once per scheduled
-        # request (benchmarks/probe_micro.py measures it: `engine`, `need_hook_ns`).
-        if self.need_fn is None:  # built once: signature() and exec cost ~0.1 ms
-            self.need_fn = need_hook(type(coord).get_num_blocks_to_allocate, coord, self)
-        coord.get_num_blocks_to_allocate = self.need_fn
-        self.need_armed = True
+        arm(self, on)
 
     def fault(self, where: str, exc: BaseException, *, rescan: bool = True) -> None:
         """Count a contained error; ``rescan``: the mirror may be wrong (an engine-thread
