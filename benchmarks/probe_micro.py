@@ -8,10 +8,18 @@ many times; the figure per step is the MINIMUM over the repetitions (noise on a 
 
 - ``record``: ``Recorder.on_step`` on the engine thread (the columnar step record,
   encoded there; the window's block ops and wrappers are not replayed: see ``self``);
+- ``engine``: everything the probe does on the engine thread per step, replayed call by
+  call (``micro_floor.py``): its pool wrappers around the step's recorded pool calls, the
+  blocks-needed hook while armed, ``schedule()``'s wrapper and the record, vLLM's own
+  work excluded; ``floor``: the same calls through the least a probe must do to keep the
+  sidecar's ledger exact (what it leaves out: ``micro_floor.py``); ``calls/st``: pool
+  calls per step + allocations the armed hook saw;
 - ``self``: the probe's own per-step report from the real run (``Step.probe_ns``: the
-  step record and every wrapper's time, wall clock, one run: noisy, not a minimum);
+  step record and the wrappers' handlers, wall clock, plus the untimed call layers as
+  calls x calibrated costs; one run: noisy, not a minimum);
 - ``encode``: the sender thread's work: frames of ``--batch`` encoded steps built and
-  encoded around them, per step;
+  encoded around them, per step; ``send floor``: one wakeup and one ZMQ send per frame,
+  the sending thread's CPU, per step (the least a sender can do);
 - ``ingest``: the sidecar's work for 8 engines replaying the window (decode, hub, ledger,
   request tracker), CPU time per engine step;
 - ``scrape``: ``/metrics`` for those 8 engines (collect + exposition), p50 / p99 of the
@@ -35,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import machine_noise, percentile
+from micro_floor import CallLog, engine_and_floor, send_floor_us
 from twin_run import workload
 
 _now = time.perf_counter_ns
@@ -71,9 +80,11 @@ def record_window(pool: int, seqs: int, steps: int) -> dict[str, Any]:
     pt = ProbedTwin(cfg, keyframe_interval_s=1e9)
     outs: list[Any] = []
     steps_rec: list[Any] = []
+    calls: list[tuple[list[Any], int]] = []
     head: list[Any] = []
     sched = pt.scheduler
     rec = pt.rec
+    log: list[CallLog] = []
 
     def on_step(i: int, out: Any) -> None:
         """This step's records are in the ring now: keep them with the step's output.
@@ -86,8 +97,10 @@ def record_window(pool: int, seqs: int, steps: int) -> dict[str, Any]:
             rec.keyframe(_now())  # the state the window starts from
             head.append(_decode(rec.ring.popleft()[1]))
             rec.popped_bytes = rec.pushed_bytes
+            log.append(CallLog(rec))
         elif head:
             outs.append(out)
+            calls.append(log[0].take())
             steps_rec.append(next(r for r in map(_decode, records)
                                   if type(r).__name__ == "Step"))
             if len(outs) >= steps:
@@ -98,7 +111,7 @@ def record_window(pool: int, seqs: int, steps: int) -> dict[str, Any]:
         pt.run(workload(4000), on_step=on_step, max_steps=20000)
     except _Enough:
         pass
-    return {"pt": pt, "outs": outs, "steps": steps_rec, "keyframe": head[0],
+    return {"pt": pt, "outs": outs, "steps": steps_rec, "keyframe": head[0], "calls": calls,
             "preemptions": sum(len(o.preempted_req_ids) for o in outs)}
 
 
@@ -215,6 +228,9 @@ def measure(pool: int, seqs: int, args: argparse.Namespace) -> dict[str, Any]:
     w = record_window(pool, seqs, args.steps)
     outs, steps = w["outs"], w["steps"]
     record = time_record(w["pt"], outs, args.reps)
+    calls = w["calls"]
+    ef = engine_and_floor(w["pt"].rec, [(o, c) for o, (c, _) in zip(outs, calls, strict=True)],
+                          [a for _, a in calls], args.reps)
     streams = [engine_stream(w["keyframe"], steps, args.batch, k) for k in range(ENGINES)]
     ingest, scrape50, scrape99, hub = time_ingest(streams, len(steps), max(3, args.reps // 5))
     synced = all(st.ledger.synced and st.counters.ledger_mismatches == 0
@@ -225,9 +241,17 @@ def measure(pool: int, seqs: int, args: argparse.Namespace) -> dict[str, Any]:
         "reqs_per_step": sum(len(o.num_scheduled_tokens) for o in outs) / len(outs),
         "preemptions": w["preemptions"],
         "record_p50_us": percentile(record, 0.5), "record_p99_us": percentile(record, 0.99),
+        "engine_p50_us": percentile(ef["engine"], 0.5),
+        "engine_p99_us": percentile(ef["engine"], 0.99),
+        "floor_p50_us": percentile(ef["floor"], 0.5),
+        "floor_p99_us": percentile(ef["floor"], 0.99),
+        "pool_calls_per_step": sum(len(c) for c, _ in calls) / len(outs),
+        "need_calls_per_step": sum(a for _, a in calls) / len(outs),
+        "need_hook_ns": ef["need_hook_ns"][0],
         "self_p50_us": percentile([s.probe_ns / 1e3 for s in steps], 0.5),
         "self_p99_us": percentile([s.probe_ns / 1e3 for s in steps], 0.99),
         "encode_us": time_encode(steps, args.batch, args.reps),
+        "send_floor_us": send_floor_us(streams[0][1:], args.reps) / args.batch,
         "ingest_us": ingest, "scrape_p50_ms": scrape50, "scrape_p99_ms": scrape99,
         "wire_bytes_per_step": wire_bytes, "synced_8": synced,
     }
@@ -240,14 +264,19 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     noise = machine_noise()
     rows = [measure(pool, seqs, args) for pool, seqs in shapes(args.quick)]
-    head = ("pool", "seqs", "reqs/st", "pre", "record p50/p99 us", "self p50/p99 us",
-            "encode us", "ingest us (8 eng)", "scrape p50/p99 ms", "wire B/st", "synced")
+    head = ("pool", "seqs", "reqs/st", "pre", "calls/st", "record p50/p99 us",
+            "engine p50/p99 us", "floor p50/p99 us", "self p50/p99 us", "encode us",
+            "send floor us", "ingest us (8 eng)", "scrape p50/p99 ms", "wire B/st", "synced")
     print(" | ".join(head))
     for r in rows:
         print(f"{r['pool']} | {r['max_num_seqs']} | {r['reqs_per_step']:.0f} | "
-              f"{r['preemptions']} | "
+              f"{r['preemptions']} | {r['pool_calls_per_step']:.1f}"
+              f" +{r['need_calls_per_step']:.0f} | "
               f"{r['record_p50_us']:.1f} / {r['record_p99_us']:.1f} | "
+              f"{r['engine_p50_us']:.1f} / {r['engine_p99_us']:.1f} | "
+              f"{r['floor_p50_us']:.1f} / {r['floor_p99_us']:.1f} | "
               f"{r['self_p50_us']:.1f} / {r['self_p99_us']:.1f} | {r['encode_us']:.1f} | "
+              f"{r['send_floor_us']:.2f} | "
               f"{r['ingest_us']:.1f} | {r['scrape_p50_ms']:.2f} / {r['scrape_p99_ms']:.2f} | "
               f"{r['wire_bytes_per_step']:.0f} | {r['synced_8']}")
     summary = {"bench": "probe_micro", "reps": args.reps, "noise": noise, "rows": rows}

@@ -13,14 +13,18 @@ Observed:
   ``reset_prefix_cache`` change whether a free block still holds prefix-cache data;
 - ``KVCacheCoordinator.get_num_blocks_to_allocate``: how many blocks the allocation
   that is about to fail needs; wrapped per instance, only while the pool is low
-  (``Recorder.watch_need``);
+  (``Recorder.watch_need``, ``needhook``);
 - ``SingleTypeKVCacheManager._remove_blocks_in_range`` (and its overrides): a sliding
   window (or a Mamba group) replacing a request's blocks by the null block; it only sets
-  which table the ``free_blocks`` call inside it concerns. Full attention never calls it.
+  which table the ``free_blocks`` call inside it concerns. Full attention never calls it
+  (``manager_hooks``).
 
 Time spent in the handlers the wrappers call is added to ``Recorder.wrap_ns`` and
-reported with the next step; the call layers themselves and the blocks-needed hook are
-not timed (a clock read costs more than they do); benchmarks/ measures them.
+reported with the next step; the call layers themselves, the ``get_new_blocks`` wrapper
+(one append: its blocks' IDs are read when the step's ops settle, inside the step record)
+and the blocks-needed hook are not timed (a clock read costs more than they do): the step
+record adds them as calls x a cost measured at attach (``calibrate``);
+benchmarks/probe_micro.py measures them all (``engine``).
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from kvscope_probe.manager_hooks import manager_hooks
+from kvscope_probe.mirror import PENDING_ALLOC
 from kvscope_probe.recorder import Recorder
 
 _now_ns = time.perf_counter_ns
@@ -197,7 +203,18 @@ def _pool_hooks(cls: Any) -> None:
         return ret
 
     cls.touch = touch
-    cls.get_new_blocks = _after(cls.get_new_blocks, "on_alloc", result=True)
+    o_new = cls.get_new_blocks
+
+    def get_new_blocks(self: Any, num_blocks: Any, *args: Any, **kwargs: Any) -> Any:
+        ret = o_new(self, num_blocks, *args, **kwargs)
+        rec = self._kvscope
+        if ret and rec is not None and rec.enabled:
+            # One append, settled at the step's end (mirror.PENDING_ALLOC); a tuple, so
+            # nothing vLLM later does to its list changes what is recorded.
+            rec.ops.append((PENDING_ALLOC, tuple(ret)))
+        return ret
+
+    cls.get_new_blocks = get_new_blocks
     cls.free_blocks = _after(cls.free_blocks, "on_free", result=False)
     cls.unpin_blocks = _after(cls.unpin_blocks, "on_free", result=False)
     if callable(getattr(cls, "evict_blocks", None)):
@@ -219,56 +236,6 @@ def _pool_hooks(cls: Any) -> None:
     cls._kvscope = None
 
 
-def _nulling(orig: Callable[..., Any]) -> Callable[..., Any]:
-    """Mark the table whose blocks ``orig`` replaces by the null block and frees."""
-
-    def _remove_blocks_in_range(self: Any, request_id: Any, *args: Any, **kwargs: Any) -> Any:
-        rec = self.block_pool._kvscope
-        if rec is None or not rec.enabled:
-            return orig(self, request_id, *args, **kwargs)
-        outer = rec.null_ctx
-        rec.null_ctx = (request_id, self.kv_cache_group_id)
-        try:
-            return orig(self, request_id, *args, **kwargs)
-        finally:
-            rec.null_ctx = outer
-
-    return _remove_blocks_in_range
-
-
-def _relocating(orig: Callable[..., Any]) -> Callable[..., Any]:
-    """Record a block that ``orig`` moves to the end of a request's table."""
-
-    def _relocate_speculative_block(self: Any, req_blocks: Any, block_idx: int) -> Any:
-        ret = orig(self, req_blocks, block_idx)
-        rec = self.block_pool._kvscope
-        if rec is not None and rec.enabled:
-            try:
-                rec.on_relocate(self, req_blocks, block_idx)
-            except Exception as exc:  # noqa: BLE001
-                rec.fault("_relocate_speculative_block", exc)
-        return ret
-
-    return _relocate_speculative_block
-
-
-def _manager_hooks(base: Any) -> None:
-    """Wrap ``_remove_blocks_in_range`` on the base manager and every override of it, and
-    ``_relocate_speculative_block`` where a manager has one."""
-    todo, seen = [base], set()
-    while todo:
-        cls = todo.pop()
-        if cls in seen:
-            continue
-        seen.add(cls)
-        todo += cls.__subclasses__()
-        if callable(cls.__dict__.get("_remove_blocks_in_range")):
-            cls._remove_blocks_in_range = _nulling(cls.__dict__["_remove_blocks_in_range"])
-        if callable(cls.__dict__.get("_relocate_speculative_block")):
-            cls._relocate_speculative_block = _relocating(
-                cls.__dict__["_relocate_speculative_block"])
-
-
 def install(attach: Callable[[Any], Recorder | None]) -> list[str]:
     """Patch vLLM's classes once; return the optional hooks that were not found."""
     sched_cls = _resolve("vllm.v1.core.sched.scheduler:Scheduler")
@@ -285,7 +252,7 @@ def install(attach: Callable[[Any], Recorder | None]) -> list[str]:
     _pool_hooks(_resolve("vllm.v1.core.block_pool:BlockPool"))
     managers = "vllm.v1.core.single_type_kv_cache_manager:SingleTypeKVCacheManager"
     if not any(a.startswith(managers) for a in absent):
-        _manager_hooks(_resolve(managers))
+        manager_hooks(_resolve(managers))
     _scheduler_hooks(sched_cls, attach)
     sched_cls._kvscope_installed = True
     return absent

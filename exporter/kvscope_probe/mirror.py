@@ -1,14 +1,25 @@
 """The probe's one-byte-per-block copy of vLLM's BlockPool, and the ordered block ops.
 
-Kept up to date by the BlockPool wrappers on the engine thread, so a keyframe is a copy of
-this mirror, never a scan of ``BlockPool.blocks`` (21 ms at 128k blocks).
+The BlockPool wrappers append ops on the engine thread; the mirror replays them (``settle``)
+at the step's end, before a keyframe and before anything reads it, so a keyframe is a copy
+of this mirror, never a scan of ``BlockPool.blocks`` (21 ms at 128k blocks). An allocation
+is appended as the blocks vLLM returned (``PENDING_ALLOC``) and its IDs are read when it
+settles: a block's ID never changes, and the wrapper around ``get_new_blocks``, 6-9 calls
+a step at 256 running requests, stays one append.
 """
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any
 
 from kvscope_probe import wire
+
+PENDING_ALLOC = -1
+"""An op not yet settled: ``(PENDING_ALLOC, the blocks get_new_blocks returned)``."""
+_block_id = attrgetter("block_id")
+_STATE_AFTER = {wire.OP_ALLOC: wire.STATE_USED, wire.OP_FREE: wire.STATE_FREE,
+                wire.OP_FREE_CACHED: wire.STATE_CACHED, wire.OP_UNCACHE: wire.STATE_FREE}
 
 
 class PoolMirror:
@@ -16,7 +27,12 @@ class PoolMirror:
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
-        self.ops: list[tuple[int, list[int]]] = []
+        self.ops: list[tuple[int, Any]] = []
+        self.settled = 0
+        """How many of ``ops`` ``states`` reflects (and none of those is pending)."""
+        self.allocs = 0
+        """Pending allocations settled since the step record last read this (each one a
+        ``get_new_blocks`` call: its untimed wrapper is estimated per call)."""
         self.nulled: list[wire.Nulled] = []
         self.relocated: list[wire.Nulled] = []
         self.null_ctx: tuple[str, int] | None = None
@@ -37,10 +53,35 @@ class PoolMirror:
 
     def take_ops(self) -> tuple[list[tuple[int, list[int]]], list[wire.Nulled],
                                 list[wire.Nulled]]:
-        """The ops, nullings and relocations since the last call; resets them."""
+        """The ops (settled), nullings and relocations since the last call; resets them."""
+        self.settle()
         ops, nulled, moved = self.ops, self.nulled, self.relocated
         self.ops, self.nulled, self.relocated = [], [], []
+        self.settled = 0
         return ops, nulled, moved
+
+    def settle(self) -> None:
+        """Replay the ops appended since the last settle into ``states``, in order,
+        reading the IDs of pending allocations."""
+        ops = self.ops
+        st = self.states
+        for k in range(self.settled, len(ops)):
+            kind, ids = ops[k]
+            if kind == PENDING_ALLOC:  # the common case: C-level reads, no state lookup
+                self.allocs += 1
+                ids = list(map(_block_id, ids))
+                ops[k] = (wire.OP_ALLOC, ids)
+                for i in ids:
+                    st[i] = wire.STATE_USED
+                continue
+            if kind == wire.OP_UNCACHE_ALL:
+                self.states = st = bytearray(
+                    wire.STATE_FREE if s == wire.STATE_CACHED else s for s in st)
+                continue
+            new = _STATE_AFTER[kind]
+            for i in ids:
+                st[i] = new
+        self.settled = len(ops)
 
     def on_relocate(self, manager: Any, req_blocks: Any, block_idx: int) -> None:
         """``manager`` moved ``req_blocks[block_idx]`` to the end of that table (the null
@@ -55,9 +96,6 @@ class PoolMirror:
     def on_alloc(self, blocks: Any) -> None:
         ids = [b.block_id for b in blocks]
         if ids:
-            st = self.states
-            for i in ids:
-                st[i] = wire.STATE_USED
             self.ops.append((wire.OP_ALLOC, ids))
 
     def on_free(self, blocks: Any) -> None:
@@ -71,26 +109,17 @@ class PoolMirror:
         for b in blocks:
             if b.ref_cnt == 0 and not b.is_null and (b.pool is None or b.pool is pool):
                 (cached if caching and b.block_hash is not None else plain).append(b.block_id)
-        st = self.states
         if plain:
-            for i in plain:
-                st[i] = wire.STATE_FREE
             self.ops.append((wire.OP_FREE, plain))
         if cached:
-            for i in cached:
-                st[i] = wire.STATE_CACHED
             self.ops.append((wire.OP_FREE_CACHED, cached))
 
     def on_uncache(self, block_ids: Any) -> None:
+        self.settle()  # which blocks are cached now
         st = self.states
         ids = [i for i in block_ids if st[i] == wire.STATE_CACHED]
-        for i in ids:
-            st[i] = wire.STATE_FREE
         if ids:
             self.ops.append((wire.OP_UNCACHE, ids))
 
     def on_uncache_all(self) -> None:
-        self.states = bytearray(
-            wire.STATE_FREE if s == wire.STATE_CACHED else s for s in self.states
-        )
         self.ops.append((wire.OP_UNCACHE_ALL, []))

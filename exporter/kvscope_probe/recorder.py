@@ -22,8 +22,10 @@ from typing import Any
 import msgspec
 
 from kvscope_probe import wire
+from kvscope_probe.calibrate import layer_costs
 from kvscope_probe.identity import hello
 from kvscope_probe.mirror import PoolMirror
+from kvscope_probe.needhook import arm, arm_below
 from kvscope_probe.reasons import classify
 
 log = logging.getLogger("kvscope_probe")
@@ -73,6 +75,9 @@ class Recorder(PoolMirror):
         self.preemptions: list[wire.Preemption] = []
         self.need: tuple[str, int] | None = None  # last (request_id, blocks to allocate)
         self.need_armed = False
+        self.need_fn: Any = None  # the hook, built at the first arming
+        self.alloc_ns, self.need_ns = layer_costs(
+            type(mgr.coordinator).get_num_blocks_to_allocate)
         self.dirty = False  # a contained fault may have left the mirror wrong: rescan
         self.in_schedule = False
         self.last_probe_ns = 0
@@ -81,13 +86,7 @@ class Recorder(PoolMirror):
         self.kv_holding = getattr(sched, "kv_holding_waiting", None)
         self.spec_prev: list[str] = []
         self.policy = self.hello.policy
-        # No allocation in a step can fail while more blocks are free than the step can
-        # take: each scheduled request gets at most cdiv(its new tokens, block size) + 1
-        # blocks per group, and new tokens (lookahead included) are bounded by the budget.
-        look = int(getattr(sched, "num_lookahead_tokens", 0) or 0)
-        per_group = (wire.cdiv(self.hello.token_budget + look * self.hello.max_num_seqs,
-                           min(self.group_block_sizes)) + self.hello.max_num_seqs)
-        self.arm_below = per_group * len(self.group_block_sizes)
+        self.arm_below = arm_below(sched, self.hello)
 
     # -- ring -------------------------------------------------------------------
     def push(self, item: wire.Record) -> None:
@@ -115,24 +114,7 @@ class Recorder(PoolMirror):
         on = free_blocks <= self.arm_below
         if on == self.need_armed:
             return
-        coord = self.mgr.coordinator
-        if not on:
-            coord.__dict__.pop("get_num_blocks_to_allocate", None)
-            self.need_armed = False
-            self.need = None
-            return
-        o_need = type(coord).get_num_blocks_to_allocate
-        rec = self
-
-        def get_num_blocks_to_allocate(*args: Any, **kwargs: Any) -> Any:
-            # Not timed: two clock reads would cost more than this store, once per
-            # scheduled request (the benchmarks measure this hook's cost instead).
-            n = o_need(coord, *args, **kwargs)
-            rec.need = (kwargs["request_id"] if "request_id" in kwargs else args[0], n)
-            return n
-
-        coord.get_num_blocks_to_allocate = get_num_blocks_to_allocate
-        self.need_armed = True
+        arm(self, on)
 
     def fault(self, where: str, exc: BaseException, *, rescan: bool = True) -> None:
         """Count a contained error; ``rescan``: the mirror may be wrong (an engine-thread
@@ -221,7 +203,10 @@ class Recorder(PoolMirror):
             return 0, ""
         req = waiting.peek_request()
         n = req.num_tokens
-        return sum(wire.cdiv(n, bs) for bs in self.group_block_sizes), req.request_id
+        sizes = self.group_block_sizes
+        if len(sizes) == 1:  # most models: no generator per step
+            return -(-n // sizes[0]), req.request_id
+        return sum(wire.cdiv(n, bs) for bs in sizes), req.request_id
 
     def on_step(self, out: Any, schedule_ns: int, t_end: int) -> None:
         """After schedule(): one ring entry; a keyframe when due or after a gap.
@@ -256,8 +241,12 @@ class Recorder(PoolMirror):
         due = t_end >= self.next_keyframe_ns
         if due or (self.want_keyframe and t_end >= self.next_forced_ns):
             self.keyframe(t_end)
+        # The untimed layers, estimated: the get_new_blocks wrapper per call, and the
+        # need hook, armed through this step, once per scheduled request at least.
+        untimed = self.allocs * self.alloc_ns + self.need_armed * len(nst) * self.need_ns
+        self.allocs = 0
         self.watch_need(free)
-        self.last_probe_ns = _now_ns() - t_end + self.wrap_ns
+        self.last_probe_ns = _now_ns() - t_end + self.wrap_ns + int(untimed)
         self.wrap_ns = 0
 
     def _rolled_back(self, spec: Any, nst: Any) -> dict[str, int]:
@@ -277,6 +266,7 @@ class Recorder(PoolMirror):
 
     def keyframe(self, t_now: int) -> None:
         """Copy the mirror (no pool scan) plus the running requests' block tables."""
+        self.settle()
         if self.dirty:
             self.states = self._scan_states()
             self.dirty = False

@@ -199,7 +199,9 @@ class Step(msgspec.Struct, tag="step", array_like=True, frozen=True):
     """Time spent in vLLM's schedule()."""
     probe_ns: int
     """Engine-thread time the probe spent since the previous step: its step record and
-    the block-pool wrappers."""
+    the block-pool wrappers' handlers, timed, plus the untimed call layers (the
+    ``get_new_blocks`` wrapper, the armed blocks-needed hook) as calls x a cost measured
+    once at attach (``kvscope_probe.calibrate``)."""
     rolled_back: dict[str, int] = {}
     """Computed tokens of running requests NOT scheduled this step that had draft tokens
     in one of the last two steps: vLLM lowers a request's count when it rejects drafts

@@ -1,0 +1,79 @@
+"""What the probe's untimed call layers cost on this machine, measured once per process.
+
+The ``get_new_blocks`` wrapper (one append) and the blocks-needed hook cost less than
+the two clock reads that would time them, so they are not timed; the step record adds
+``calls x cost`` for them instead (``Recorder.on_step``), with the cost measured here at
+attach time: the probe's own wrapper code around a stand-in that does nothing, against
+the stand-in called directly, fastest of a few passes (about 1 ms, once). The figure is
+an estimate: benchmarks/probe_micro.py compares the self-report with a replay.
+"""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+from typing import Any
+
+_now = time.perf_counter_ns
+_costs: tuple[float, float] | None = None
+CALLS = 200
+PASSES = 5
+
+
+def layer_costs(need_fn: Any = None) -> tuple[float, float]:
+    """(ns per ``get_new_blocks`` wrapper call, ns per armed blocks-needed hook call)
+    over vLLM's own; ``need_fn`` is vLLM's method (None: the one installed, if any).
+    (0, 0) when they cannot be measured: the report then counts only what it times."""
+    global _costs
+    if _costs is None:
+        try:
+            _costs = (max(0.0, _alloc_ns()), max(0.0, _need_ns(need_fn)))
+        except Exception:  # noqa: BLE001 - an estimate must never stop the probe
+            _costs = (0.0, 0.0)
+    return _costs
+
+
+def _best(fn: Any, *args: Any, **kwargs: Any) -> float:
+    best = float("inf")
+    for _ in range(PASSES):
+        t0 = _now()
+        for _ in range(CALLS):
+            fn(*args, **kwargs)
+        best = min(best, (_now() - t0) / CALLS)
+    return best
+
+
+def _alloc_ns() -> float:
+    from kvscope_probe import hooks
+
+    class Pool:
+        ret = (object(),)
+
+        def get_new_blocks(self, num_blocks: int) -> Any:
+            return self.ret
+
+        def touch(self, blocks: Any) -> None: ...
+
+        def free_blocks(self, ordered_blocks: Any) -> None: ...
+
+        def unpin_blocks(self, blocks: Any, on_reuse: Any = None) -> None: ...
+
+    raw = Pool.get_new_blocks
+    hooks._pool_hooks(Pool)
+    pool = Pool()
+    rec = SimpleNamespace(enabled=True, ops=[])
+    pool._kvscope = rec  # type: ignore[attr-defined]
+    wrapped = _best(pool.get_new_blocks, 1)
+    return wrapped - _best(raw, pool, 1)
+
+
+def _need_ns(o_need: Any) -> float:
+    from kvscope_probe.needhook import need_hook, stand_in
+
+    if o_need is None:
+        from vllm.v1.core.kv_cache_coordinator import KVCacheCoordinator
+
+        o_need = KVCacheCoordinator.get_num_blocks_to_allocate
+    stub, kwargs = stand_in(o_need)
+    hook = need_hook(stub, None, SimpleNamespace(need=None))
+    return _best(hook, **kwargs) - _best(stub, None, **kwargs)
