@@ -52,16 +52,20 @@ def test_safe_table_shows_the_band_and_warns_of_a_full_pool() -> None:
         return [Trial(c, None if i == 0 else i, int(i < preempting), False, c, peak)
                 for i in range(TRIALS)]
 
-    answer = Answer(2, 3, 4, 32, trials(1, 0, 20) + trials(2, 0, 47) + trials(3, TRIALS, 47)
-                    + trials(4, TRIALS, 47))
+    # Safe for any timing at 1 (the two largest peaks, 30 + 20, overflow 47 blocks), no
+    # trial preempts up to 2, every trial does from 3, the first wave alone from 4.
+    answer = Answer(1, 2, 3, 4, 32, trials(1, 0, 20) + trials(2, 0, 47) + trials(3, TRIALS, 47)
+                    + trials(4, TRIALS, 47), peaks=(30, 20, 10, 5))
     out = render("table", "w", [(Setting("base", TwinConfig(), "blocks:48"), answer)])
     lines = out.splitlines()
     shown = [x.split()[-1] for x in lines if x.startswith("concurrency ")]
-    assert shown == [f"0/{TRIALS}", f"{TRIALS}/{TRIALS}"]  # the band: 2 and 3
-    assert lines[-1].startswith("note: base: at the safe concurrency a trial filled the pool")
-    assert "peak used blocks at safe (worst trial)  47/47" in out
-    row = next(x for x in lines if x.startswith("first requests alone overflow from"))
-    assert row.split()[-1] == "4"
+    assert shown == [f"0/{TRIALS}", f"0/{TRIALS}", f"{TRIALS}/{TRIALS}"]  # the band: 1 to 3
+    assert lines[-1].startswith("note: base: at the trials' answer a trial filled the pool")
+    rows = {label: next(x for x in lines if x.startswith(label)).split()[-1] for label in (
+        "safe concurrency (any client timing)", "its largest requests at their peak",
+        "no preemption in any trial up to", "peak used blocks there (worst trial)",
+        "first requests alone overflow from")}
+    assert list(rows.values()) == ["1", "30/47", "2", "47/47", "4"]
 
 
 def test_replay_notes_the_prefix_hits_it_cannot_rebuild(tmp_path: Path) -> None:
