@@ -56,6 +56,8 @@ def check(data_dir: str) -> dict[str, Any]:
     cells = client.query(sql, parameters=params).result_rows
     coarse = client.query(sql, parameters={**params, "block_bucket": 4,
                                            "time_bucket_s": 60}).result_rows
+    pairs = client.query(sql, parameters={**params, "block_bucket": 2,
+                                          "time_bucket_s": 60}).result_rows
     other = client.query(sql, parameters={**params, "engine": "9"}).result_rows
     group1 = client.query(sql, parameters={**params, "kv_group": 1}).result_rows
     return {
@@ -66,6 +68,7 @@ def check(data_dir: str) -> dict[str, Any]:
         "cells": [[c[0].timestamp() if hasattr(c[0], "timestamp") else c[0], c[1], c[2]]
                   for c in cells],
         "coarse": [[c[1], c[2]] for c in coarse],
+        "pairs": [[c[1], c[2]] for c in pairs],
         "other": len(other),
         "group1": len(group1),
         "t0": t0,
@@ -92,6 +95,9 @@ def test_layout_rows_and_the_heatmap_query_on_chdb(tmp_path: Path) -> None:
     assert by_time == {0: first[0], 1: second[0]}
     # one minute, cells of 4 blocks: the state most samples of each cell had
     assert got["coarse"] == [[0, 2], [4, 1]]
+    # cells of 2 blocks: blocks 0-1 were null twice and allocated twice, 4-5 allocated
+    # twice and cached twice; a tie goes to the higher state, in every run
+    assert got["pairs"] == [[0, 3], [2, 2], [4, 2], [6, 1]]
     assert got["other"] == 0 and got["group1"] == 0  # one KV group: group 1 holds nothing
     print(f"chDB layout check: {time.monotonic() - started:.1f} s")
 

@@ -1,8 +1,10 @@
 -- Which KV blocks of one engine were free, cached (free, evictable prefix-cache data),
 -- allocated or null over a time range? A block ID x time heatmap coloured by state.
 -- One row per cell: time (start of a time_bucket_s bucket), block (first block ID of a
--- block_bucket-wide cell) and state, the state most samples of the cell had
--- (0 free, 1 cached, 2 allocated, 3 null: map these four values to colours).
+-- block_bucket-wide cell) and state, the state most samples of the cell had, a tie
+-- going to the higher state (0 free, 1 cached, 2 allocated, 3 null: map these four
+-- values to colours). The tie-break makes every run give the same cells: topK's order
+-- among equal counts is not fixed, and two runs of one query disagreed.
 -- Parameters: engine, model ('' = any), since / until (DateTime64(3), UTC),
 -- time_bucket_s (1 = every sample), block_bucket (1 = every block), kv_group (-1 = all
 -- groups; g = blocks of group g and the shared free ones).
@@ -14,20 +16,26 @@
 -- @param block_bucket = 1    block IDs per cell
 -- @param kv_group = -1       one KV cache group (-1 = all)
 -- @param server = ''   one vLLM server ('' = any)
-SELECT
-    toStartOfInterval(ts, toIntervalSecond({time_bucket_s:UInt32})) AS time,
-    intDiv(pos - 1, {block_bucket:UInt32}) * {block_bucket:UInt32} AS block,
-    topK(4)(state)[1] AS state  -- exact: capacity 12 > the 4 states
-FROM layout_snapshots
-ARRAY JOIN
-    states AS state,
-    block_group AS grp,
-    arrayEnumerate(states) AS pos
-WHERE engine = {engine:String}
-  AND ({server:String} = '' OR server = {server:String})
-  AND ({model:String} = '' OR model = {model:String})
-  AND ts >= {since:DateTime64(3)}
-  AND ts <= {until:DateTime64(3)}
-  AND ({kv_group:Int8} = -1 OR grp = -1 OR grp = {kv_group:Int8})
+SELECT time, block, argMax(state, (samples, state)) AS state
+FROM
+(
+    SELECT
+        toStartOfInterval(ts, toIntervalSecond({time_bucket_s:UInt32})) AS time,
+        intDiv(pos - 1, {block_bucket:UInt32}) * {block_bucket:UInt32} AS block,
+        state,
+        count() AS samples
+    FROM layout_snapshots
+    ARRAY JOIN
+        states AS state,
+        block_group AS grp,
+        arrayEnumerate(states) AS pos
+    WHERE engine = {engine:String}
+      AND ({server:String} = '' OR server = {server:String})
+      AND ({model:String} = '' OR model = {model:String})
+      AND ts >= {since:DateTime64(3)}
+      AND ts <= {until:DateTime64(3)}
+      AND ({kv_group:Int8} = -1 OR grp = -1 OR grp = {kv_group:Int8})
+    GROUP BY time, block, state
+)
 GROUP BY time, block
 ORDER BY time, block
