@@ -151,7 +151,7 @@ def test_safe_concurrency_answer_and_the_first_wave_on_the_server(
     assert 1 <= safe <= trials_safe < first <= high <= 32, answer
     assert answer["peak_blocks_at_safe"] <= answer["usable_blocks"] == 47
     trials = answer["preempting_trials"]
-    assert all(trials[str(c)] == 0 for c in range(safe, trials_safe + 1))
+    assert all(trials[str(c)] == 0 for c in range(1, trials_safe + 1))
     assert trials[str(first)] == trials[str(high)] == TRIALS
     at_safe = drive(engine_stack, replace(SHORT, concurrency=safe))[2]
     at_trials = drive(engine_stack, replace(SHORT, concurrency=trials_safe))[2]
@@ -169,5 +169,5 @@ def test_safe_concurrency_answer_and_the_first_wave_on_the_server(
     # benchmark on the machine, the starved client and API server delivered the first
     # wave so slowly that its first requests had ended before its last arrived.)
     assert above > 0
-    # Between the two the client's timing decides: at the trials' answer the server held
-    # in 9 of 12 runs (so far) and preempted once in the others; reported, not asserted.
+    # Between the two the client's timing decides: at the trials' answer the server
+    # preempted (once) in 1 of 8 runs; reported, not asserted.

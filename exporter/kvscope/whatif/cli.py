@@ -157,13 +157,14 @@ def run(args: argparse.Namespace) -> int:
             return 2
         if args.safe_concurrency:
             from kvscope.whatif import safe
+            from kvscope.whatif.client import recorded_client
 
             def done(i: int, s: Setting, a: Any) -> None:
                 if not args.quiet:
                     print(f"[{i}/{len(settings)}] {s.name}: safe concurrency {a.safe}",
                           file=sys.stderr, flush=True)
 
-            client = safe.client_of(work.records)
+            client = recorded_client(work.records)
             results = safe.answers(settings, work.requests, seed=args.seed, client=client,
                                    on_done=done)
             sys.stdout.write(safe.render(args.format, work.workload, results, client))

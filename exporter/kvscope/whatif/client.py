@@ -77,18 +77,9 @@ def _matched(records: Sequence[dict[str, Any]]) -> tuple[list[int], list[int], i
     return ends[:len(later)], later, concurrency
 
 
-def recorded_gaps(records: Sequence[dict[str, Any]]) -> tuple[int, ...] | None:
-    """Steps from each end to the arrival it released, sorted; None when the records
-    cannot say (no ``finished_step``, or no request sent after an end)."""
-    matched = _matched(records)
-    if matched is None:
-        return None
-    ends, later, _ = matched
-    return tuple(sorted(a - e for e, a in zip(ends, later, strict=True)))
-
-
 def recorded_client(records: Sequence[dict[str, Any]]) -> Client | None:
-    """The recording's client (see the module docstring); None as for ``recorded_gaps``."""
+    """The recording's client (see the module docstring); None when the records cannot
+    say (no ``finished_step`` on every record, or no request sent after an end)."""
     matched = _matched(records)
     if matched is None:
         return None
@@ -105,3 +96,9 @@ def recorded_client(records: Sequence[dict[str, Any]]) -> Client | None:
             held.add(t - origin)
     gaps = tuple(sorted(a - e for e, a in zip(ends, later, strict=True)))
     return Client(frozenset(held), last - origin + 1, concurrency, gaps)
+
+
+def recorded_gaps(records: Sequence[dict[str, Any]]) -> tuple[int, ...] | None:
+    """Steps from each end to the arrival it released, sorted (``Client.gaps``)."""
+    client = recorded_client(records)
+    return None if client is None else client.gaps

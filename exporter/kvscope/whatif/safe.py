@@ -11,14 +11,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvscope.twin.workload import TwinRequest
-from kvscope.whatif.client import Client, recorded_client
+from kvscope.whatif.client import Client
 from kvscope.whatif.concurrency import MAX_DELAY_STEPS, TRIALS, Answer, safe_concurrency
 from kvscope.whatif.settings import Setting
-
-
-def client_of(records: Sequence[dict[str, Any]]) -> Client | None:
-    """The recorded client whose holds the trials replay; None: no closed loop recorded."""
-    return recorded_client(records) if records else None
 
 
 def answers(settings: Sequence[Setting], requests: Sequence[TwinRequest], *, seed: int,
