@@ -13,7 +13,10 @@ Environment:
   endpoint requires (``kvscope_probe.transport``)
 - ``KVSCOPE_PROBE_RING``: ring capacity in records (default 8192)
 - ``KVSCOPE_PROBE_KEYFRAME_S``: seconds between keyframes (default 5)
-- ``KVSCOPE_PROBE_HWM``: ZMQ send high-water mark in frames (default 1000)
+- ``KVSCOPE_PROBE_HWM``: frames queued for a sidecar that does not read (default 128,
+  each at most 1 MiB)
+- ``KVSCOPE_PROBE_FLUSH_S``: seconds between the sender's wakeups (default 0.1,
+  0.01 to 1): shorter is fresher and costs the engine more (``kvscope_probe.sender``)
 """
 
 from __future__ import annotations
@@ -42,9 +45,9 @@ def _int_env(name: str, default: int) -> int:
         return default
 
 
-def _float_env(name: str, default: float) -> float:
+def _float_env(name: str, default: float, low: float = 0.05, high: float = 1e9) -> float:
     try:
-        return max(0.05, float(os.environ.get(name, default)))
+        return min(high, max(low, float(os.environ.get(name, default))))
     except ValueError:
         return default
 
@@ -59,7 +62,7 @@ def bind(sched: Any, rec: Any) -> None:
 def attach(sched: Any) -> Any:
     """Create the Recorder and Sender for one Scheduler; None when that fails."""
     from kvscope_probe.recorder import Recorder
-    from kvscope_probe.sender import Sender
+    from kvscope_probe.sender import DEFAULT_HWM, FLUSH_INTERVAL_S, Sender
 
     with _lock:
         if sched.__dict__.get("_kvscope") is not None:
@@ -80,7 +83,8 @@ def attach(sched: Any) -> Any:
             sender = Sender(
                 rec,
                 str(_endpoint),
-                hwm=_int_env("KVSCOPE_PROBE_HWM", 1000),
+                hwm=_int_env("KVSCOPE_PROBE_HWM", DEFAULT_HWM),
+                flush_s=_float_env("KVSCOPE_PROBE_FLUSH_S", FLUSH_INTERVAL_S, 0.01, 1.0),
             )
             sender.start()
         except Exception as exc:  # noqa: BLE001

@@ -1,0 +1,75 @@
+"""The probe's sender wakes once per flush interval and keeps what it queues bounded in bytes.
+
+Its cost is per wakeup (each takes the GIL from the engine thread several times), so the
+interval, not the step rate, sets how often it runs: vLLM's real scheduler steps as fast as
+it can on this thread while a real ``Sender`` streams its records to a PULL socket.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from types import SimpleNamespace
+
+import pytest
+
+from kvscope.twin import TwinConfig, WorkloadSpec, generate
+from kvscope_probe import plugin, sender, wire
+from kvscope_probe.recorder import Recorder
+
+pytestmark = pytest.mark.twin
+
+Twin = pytest.importorskip("kvscope.twin.engine").Twin
+zmq = pytest.importorskip("zmq")
+
+
+def test_a_frame_stops_at_its_byte_bound_and_always_carries_one_record() -> None:
+    sizes = [300_000, 400_000, 300_000, 100, 2_000_000, 10, 10]
+    ring = SimpleNamespace(ring=deque(
+        (i, b"x" * n) for i, n in enumerate(sizes)), popped_bytes=0)
+    frames = []
+    while ring.ring:
+        first, items = sender.pop_run(ring)  # type: ignore[arg-type]
+        frames.append((first, [len(b) for b in items]))
+    # 300k + 400k + 300k = 1.0e6 <= 1 MiB, the next 100 bytes too; the 2 MB record goes alone
+    assert frames == [(0, [300_000, 400_000, 300_000, 100]), (4, [2_000_000]), (5, [10, 10])]
+    assert ring.popped_bytes == sum(sizes)
+    assert sender.DEFAULT_HWM * sender.MAX_FRAME_BYTES == 128 << 20
+
+
+def test_the_sender_wakes_once_per_interval_whatever_the_step_rate(tmp_path) -> None:
+    assert plugin.enable(None)
+    twin = Twin(TwinConfig(num_blocks=256), seed=3)
+    rec = Recorder(twin.scheduler, ring_size=1 << 20, keyframe_interval_s=3600)
+    plugin.bind(twin.scheduler, rec)
+    rec.push(rec.hello)
+    endpoint = f"ipc://{tmp_path}/probe.sock"
+    pull = zmq.Context.instance().socket(zmq.PULL)
+    pull.bind(endpoint)
+    flush_s = 0.1
+    snd = sender.Sender(rec, endpoint, flush_s=flush_s)
+    snd.start()
+    frames: list[wire.Frame] = []
+    try:
+        started = time.monotonic()
+        requests = generate(WorkloadSpec(n_requests=400, seed=3))
+        twin.run(requests, max_steps=100_000)
+        steps = rec.seq
+        busy_s = time.monotonic() - started
+    finally:
+        snd.stop_event.set()
+        snd.join(10)
+    while pull.poll(500):
+        frames.append(wire.decode(pull.recv_multipart()))
+    pull.close(0)
+    got = [r for f in frames for r in f.records]
+    assert len(got) == rec.seq and rec.ring_dropped == rec.send_dropped == 0
+    assert [f.first_seq for f in frames] == sorted(f.first_seq for f in frames)
+    # one wakeup per interval while the engine stepped far faster (plus the interval the
+    # run started in and the one the stop cut short); a wakeup splits what it found into
+    # frames of MAX_BATCH records
+    print(f"\n{steps} records in {busy_s:.2f} s, {snd.wakeups} wakeups, {len(frames)} frames")
+    assert busy_s > 3 * flush_s and steps > 10 * busy_s / flush_s, (steps, busy_s)
+    assert snd.wakeups <= busy_s / flush_s + 2, (snd.wakeups, busy_s)
+    assert len(frames) <= len(got) / sender.MAX_BATCH + snd.wakeups + 1
+    assert max(len(f.records) for f in frames) <= sender.MAX_BATCH
