@@ -125,7 +125,11 @@ def send(sock: Any, parts: list[Any], wait_ms: int) -> bool:
     if not sock.poll(wait_ms, zmq.POLLOUT):
         return False
     try:
-        sock.send_multipart(parts, flags=zmq.NOBLOCK, copy=False)
+        # Copied, not zero-copy: pyzmq releases a zero-copy message of 64 KiB or more
+        # through a Python garbage-collector thread it starts on the first one, which
+        # then wakes for every frame and takes the GIL from the engine thread. A copy of
+        # a frame (0.1-0.5 MiB at 0.1 s of records) is 10-40 us once per wakeup.
+        sock.send_multipart(parts, flags=zmq.NOBLOCK, copy=True)
     except zmq.Again:
         return False
     return True

@@ -7,6 +7,7 @@ it can on this thread while a real ``Sender`` streams its records to a PULL sock
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from types import SimpleNamespace
@@ -73,3 +74,23 @@ def test_the_sender_wakes_once_per_interval_whatever_the_step_rate(tmp_path) -> 
     assert snd.wakeups <= busy_s / flush_s + 2, (snd.wakeups, busy_s)
     assert len(frames) <= len(got) / sender.MAX_BATCH + snd.wakeups + 1
     assert max(len(f.records) for f in frames) <= sender.MAX_BATCH
+
+
+def test_sending_starts_no_python_thread_besides_the_sender(tmp_path) -> None:
+    """pyzmq frees zero-copy messages of 64 KiB or more on a Python thread of its own,
+    which would wake for every frame and take the GIL from the engine thread."""
+    from kvscope_probe import transport
+
+    endpoint = f"ipc://{tmp_path}/gc.sock"
+    pull = zmq.Context.instance().socket(zmq.PULL)
+    pull.bind(endpoint)
+    push = transport.push_socket(endpoint, hwm=4)
+    assert transport.await_connection(push)
+    before = {t.ident for t in threading.enumerate()}
+    for _ in range(3):
+        assert transport.send(push, [b"x" * (1 << 20)], 1000)
+        assert pull.recv_multipart() == [b"x" * (1 << 20)]
+    push.close(0)
+    pull.close(0)
+    started = [t.name for t in threading.enumerate() if t.ident not in before]
+    assert started == []
