@@ -58,10 +58,11 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def git_state() -> dict[str, Any]:
-    """The commit measured, and which probe sources (the code whose cost is measured)
-    differ from it; other changed paths under exporter/ are only counted."""
-    root = Path(__file__).resolve().parent.parent
+def git_state(checkout: Path | None = None) -> dict[str, Any]:
+    """The commit measured (of ``checkout``, default this one), and which probe sources
+    (the code whose cost is measured) differ from it; other changed paths under
+    exporter/ are only counted."""
+    root = checkout or Path(__file__).resolve().parent.parent
 
     def git(*args: str) -> str:
         try:
@@ -71,7 +72,7 @@ def git_state() -> dict[str, Any]:
             return ""
 
     changed = git("status", "--porcelain", "--", "exporter").splitlines()
-    probe = [c for c in changed if "/probe/" in c or c.endswith("/wire.py")]
+    probe = [c for c in changed if "kvscope_probe/" in c]
     return {"commit": git("rev-parse", "--short", "HEAD"), "probe_changed": probe,
             "other_changed": len(changed) - len(probe)}
 

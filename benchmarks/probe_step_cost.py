@@ -57,7 +57,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"hold {VLLM_LOCK_PATH} during each worker, so no vLLM server "
                         "(of the engine tests, say) shares the cores with a measurement")
     p.add_argument("--worker", choices=("off", "on"), help=argparse.SUPPRESS)
+    p.add_argument("--against", type=Path, default=None, metavar="CHECKOUT",
+                   help="also run the probe of another checkout (its exporter/) as a third "
+                        "mode, in the same rounds: the two probes side by side in one run")
     p.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--tag", default="", help=argparse.SUPPRESS)
     p.add_argument("--endpoint", help=argparse.SUPPRESS)
     p.add_argument("--sidecar-url", help=argparse.SUPPRESS)
     p.add_argument("--sidecar-pid", type=int, help=argparse.SUPPRESS)
@@ -70,14 +74,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def run_round(args: argparse.Namespace, mode: str, rnd: int, endpoint: str,
               sidecar: Sidecar, out: Path) -> dict[str, Any]:
-    """One worker subprocess: every pool size in ``mode``; returns its JSON result."""
+    """One worker subprocess: every pool size in ``mode``; returns its JSON result.
+    ``against``: the probe of ``--against``, the worker's ``kvscope`` packages taken
+    from that checkout (the sidecar and this harness stay this checkout's)."""
     result = out / f"{mode}-r{rnd}.json"
-    argv = [sys.executable, str(Path(__file__).resolve()), "--worker", mode,
+    argv = [sys.executable, str(Path(__file__).resolve()),
+            "--worker", "on" if mode == "against" else mode, "--tag", mode[0],
             "--round", str(rnd), "--requests", str(args.requests),
             "--pools", *map(str, args.pools), "--endpoint", endpoint,
             "--sidecar-url", sidecar.url, "--sidecar-pid", str(sidecar.pid),
             "--result", str(result)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVSCOPE_")}
+    if mode == "against":
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(args.against.resolve() / "exporter"), *filter(None, [env.get("PYTHONPATH")])])
     lock = vllm_lock() if args.exclusive else contextlib.nullcontext(0.0)
     with lock, (out / f"{mode}-r{rnd}.log").open("wb") as log:
         before = machine_noise()
@@ -242,22 +252,31 @@ def orchestrate(args: argparse.Namespace) -> None:
     endpoint = f"ipc://{sockdir}/probe.sock"
     sidecar = Sidecar(endpoint, out / "sidecar.log")
     sidecar.start()
-    runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    modes = ("off", "on", "against") if args.against else ("off", "on")
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     try:
         for rnd in range(args.rounds):
-            for mode in ("off", "on"):
+            for mode in modes:
                 runs[mode].append(run_round(args, mode, rnd, endpoint, sidecar, out))
     finally:
         sidecar.stop()
     rows = [summarise_pool(str(p), runs["off"], runs["on"]) for p in args.pools]
     print_tables(rows, args.rounds)
     print_breakdown(rows)
-    print(noise_line([r["noise_before"] for r in runs["off"] + runs["on"]]))
+    summary: dict[str, Any] = {}
+    if args.against:
+        against = [summarise_pool(str(p), runs["off"], runs["against"]) for p in args.pools]
+        print(f"\n--against {args.against}: the same off rounds, its probe on")
+        print_tables(against, args.rounds)
+        print_breakdown(against)
+        summary["against"] = {"checkout": str(args.against), "pools": against,
+                              "git": git_state(args.against)}
+    print(noise_line([r["noise_before"] for m in modes for r in runs[m]]))
     summary = {"benchmark": "probe_step_cost", "rounds": args.rounds,
                "requests": args.requests, "exclusive": args.exclusive, "git": git_state(),
-               "raw_results": str(out), "pools": rows,
+               "raw_results": str(out), "pools": rows, **summary,
                "noise": {f"{m}-r{i}": r["noise_before"]
-                         for m in ("off", "on") for i, r in enumerate(runs[m])}}
+                         for m in modes for i, r in enumerate(runs[m])}}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(f"\nraw per-step results: {out}")
     print(json.dumps(summary, separators=(",", ":")))

@@ -135,7 +135,7 @@ class FillTracker:
 def run_pool(args: argparse.Namespace, pool: int, requests: list[Any]) -> dict[str, Any]:
     from kvscope.twin.engine import Twin
 
-    engine = f"r{args.round}-{pool}"
+    engine = f"{args.tag}r{args.round}-{pool}"
     os.environ["KVSCOPE_ENGINE"] = engine  # read when the probe attaches
     gc.collect()
     twin = Twin(twin_config(pool), seed=0)
@@ -251,7 +251,7 @@ def warm_up(args: argparse.Namespace, requests: list[Any]) -> None:
     """A short run so first-call costs (lazy imports, the sender's socket) are paid."""
     from kvscope.twin.engine import Twin
 
-    os.environ["KVSCOPE_ENGINE"] = f"warmup-r{args.round}"
+    os.environ["KVSCOPE_ENGINE"] = f"warmup-{args.tag}r{args.round}"
     Twin(twin_config(POOLS[0]), seed=0).run(requests[:200], max_steps=400)
     if args.worker == "on":
         from kvscope_probe import plugin
