@@ -158,6 +158,39 @@ class Sidecar:
             stop_process(self.proc, timeout_s, group=True)
 
 
+SINK_CODE = """
+import sys, zmq
+sock = zmq.Context.instance().socket(zmq.PULL)
+sock.bind(sys.argv[1])
+while True:
+    sock.recv_multipart(copy=False)
+"""
+
+
+class Sink:
+    """A process that receives the probe's frames and discards them: the probe's whole
+    work in the engine process, without a sidecar's work on the machine's other core."""
+
+    url = ""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", SINK_CODE, self.endpoint],
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "sink not started"
+        return self.proc.pid
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self.proc is not None:
+            stop_process(self.proc, timeout_s, group=True)
+
+
 def sidecar_engine(url: str, engine: str) -> dict[str, Any] | None:
     """The sidecar's ``/api/engines`` entry for ``engine``, or None."""
     body = httpx.get(f"{url}/api/engines", timeout=10.0, trust_env=False).json()

@@ -34,6 +34,7 @@ from typing import Any
 from _common import (
     VLLM_LOCK_PATH,
     Sidecar,
+    Sink,
     git_state,
     machine_noise,
     median,
@@ -60,6 +61,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--against", type=Path, default=None, metavar="CHECKOUT",
                    help="also run the probe of another checkout (its exporter/) as a third "
                         "mode, in the same rounds: the two probes side by side in one run")
+    p.add_argument("--sink", action="store_true",
+                   help="also run the probe sending to a process that discards its frames "
+                        "(no sidecar working on the other core), in the same rounds")
     p.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--tag", default="", help=argparse.SUPPRESS)
     p.add_argument("--endpoint", help=argparse.SUPPRESS)
@@ -72,17 +76,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def run_round(args: argparse.Namespace, mode: str, rnd: int, endpoint: str,
-              sidecar: Sidecar, out: Path) -> dict[str, Any]:
+def run_round(args: argparse.Namespace, mode: str, rnd: int, receiver: Sidecar | Sink,
+              out: Path) -> dict[str, Any]:
     """One worker subprocess: every pool size in ``mode``; returns its JSON result.
     ``against``: the probe of ``--against``, the worker's ``kvscope`` packages taken
-    from that checkout (the sidecar and this harness stay this checkout's)."""
+    from that checkout (the sidecar and this harness stay this checkout's); ``sink``:
+    the probe on, sending to ``receiver``, a Sink."""
     result = out / f"{mode}-r{rnd}.json"
     argv = [sys.executable, str(Path(__file__).resolve()),
-            "--worker", "on" if mode == "against" else mode, "--tag", mode[0],
+            "--worker", "off" if mode == "off" else "on", "--tag", mode[0],
             "--round", str(rnd), "--requests", str(args.requests),
-            "--pools", *map(str, args.pools), "--endpoint", endpoint,
-            "--sidecar-url", sidecar.url, "--sidecar-pid", str(sidecar.pid),
+            "--pools", *map(str, args.pools), "--endpoint", receiver.endpoint,
+            "--sidecar-url", receiver.url, "--sidecar-pid", str(receiver.pid),
             "--result", str(result)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVSCOPE_")}
     if mode == "against":
@@ -251,15 +256,20 @@ def orchestrate(args: argparse.Namespace) -> None:
     sockdir = Path(tempfile.mkdtemp(prefix="kvb-"))
     endpoint = f"ipc://{sockdir}/probe.sock"
     sidecar = Sidecar(endpoint, out / "sidecar.log")
-    sidecar.start()
-    modes = ("off", "on", "against") if args.against else ("off", "on")
+    sink = Sink(f"ipc://{sockdir}/sink.sock")
+    modes = ["off", "on"] + ["against"] * bool(args.against) + ["sink"] * args.sink
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     try:
+        sidecar.start()
+        if args.sink:
+            sink.start()
         for rnd in range(args.rounds):
             for mode in modes:
-                runs[mode].append(run_round(args, mode, rnd, endpoint, sidecar, out))
+                runs[mode].append(run_round(args, mode, rnd, sink if mode == "sink"
+                                            else sidecar, out))
     finally:
         sidecar.stop()
+        sink.stop()
     rows = [summarise_pool(str(p), runs["off"], runs["on"]) for p in args.pools]
     print_tables(rows, args.rounds)
     print_breakdown(rows)
@@ -271,6 +281,13 @@ def orchestrate(args: argparse.Namespace) -> None:
         print_breakdown(against)
         summary["against"] = {"checkout": str(args.against), "pools": against,
                               "git": git_state(args.against)}
+    if args.sink:
+        sunk = [summarise_pool(str(p), runs["off"], runs["sink"]) for p in args.pools]
+        print("\n--sink: the same off rounds, the probe on, its frames discarded by a process "
+              "that does nothing else (self/st, sidecar/st and all seen do not apply)")
+        print_tables(sunk, args.rounds)
+        print_breakdown(sunk)
+        summary["sink"] = {"pools": sunk}
     print(noise_line([r["noise_before"] for m in modes for r in runs[m]]))
     summary = {"benchmark": "probe_step_cost", "rounds": args.rounds,
                "requests": args.requests, "exclusive": args.exclusive, "git": git_state(),

@@ -194,11 +194,11 @@ class ProbeWatch:
         deadline = time.monotonic() + 30
         while rec.ring and time.monotonic() < deadline:
             time.sleep(0.01)
-        url = self.args.sidecar_url
-        seen = wait_engine_steps(url, self.engine, steps) or {}
+        url = self.args.sidecar_url  # empty: a sink (no sidecar figures to read)
+        seen = (wait_engine_steps(url, self.engine, steps) or {}) if url else {}
         sender_cpu = thread_cpu_ns(self.sender.native_id) - self.sender_cpu0
         sidecar_cpu = process_cpu_s(self.args.sidecar_pid) - self.sidecar_cpu0
-        metrics = scrape(url)
+        metrics = scrape(url) if url else {}
         plugin.stop_all()
         return {
             "attach_ns": self.attach_ns,
