@@ -19,6 +19,9 @@ from kvscope_probe import transport, wire
 
 log = logging.getLogger("kvscope.middleware")
 
+IDLE_S = 0.05
+"""How long the sending thread sleeps when it finds no event: how late an event may go."""
+
 
 class Emitter:
     def __init__(self, endpoint: str, *, capacity: int = 10_000, hwm: int = 1000) -> None:
@@ -59,7 +62,9 @@ class Emitter:
             return
         while True:
             if not self.queue:
-                time.sleep(0.005)
+                # Idle: one wakeup per IDLE_S. At 5 ms this thread used 0.46% of a core in
+                # an idle API server, and took the GIL from its event loop 200 times a second.
+                time.sleep(IDLE_S)
                 continue
             batch = []
             while self.queue and len(batch) < 256:
