@@ -58,6 +58,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--steps", type=int, default=200, help="recorded steps per shape")
     p.add_argument("--batch", type=int, default=20, help="steps per frame (sender batching)")
+    p.add_argument("--cold", action="store_true",
+                   help="also replay engine and floor with unrelated Python work between "
+                        "steps (micro_floor.cool), as vLLM's scheduling is in place")
     p.add_argument("--out", type=Path, default=None)
     return p.parse_args(argv)
 
@@ -231,6 +234,9 @@ def measure(pool: int, seqs: int, args: argparse.Namespace) -> dict[str, Any]:
     calls = w["calls"]
     ef = engine_and_floor(w["pt"].rec, [(o, c) for o, (c, _) in zip(outs, calls, strict=True)],
                           [a for _, a in calls], args.reps)
+    cold = (engine_and_floor(w["pt"].rec, [(o, c) for o, (c, _) in zip(outs, calls, strict=True)],
+                             [a for _, a in calls], args.reps, cold=True)
+            if args.cold else None)
     streams = [engine_stream(w["keyframe"], steps, args.batch, k) for k in range(ENGINES)]
     ingest, scrape50, scrape99, hub = time_ingest(streams, len(steps), max(3, args.reps // 5))
     synced = all(st.ledger.synced and st.counters.ledger_mismatches == 0
@@ -245,6 +251,10 @@ def measure(pool: int, seqs: int, args: argparse.Namespace) -> dict[str, Any]:
         "engine_p99_us": percentile(ef["engine"], 0.99),
         "floor_p50_us": percentile(ef["floor"], 0.5),
         "floor_p99_us": percentile(ef["floor"], 0.99),
+        **({"engine_cold_p50_us": percentile(cold["engine"], 0.5),
+            "engine_cold_p99_us": percentile(cold["engine"], 0.99),
+            "floor_cold_p50_us": percentile(cold["floor"], 0.5),
+            "floor_cold_p99_us": percentile(cold["floor"], 0.99)} if cold else {}),
         "pool_calls_per_step": sum(len(c) for c, _ in calls) / len(outs),
         "need_calls_per_step": sum(a for _, a in calls) / len(outs),
         "need_hook_ns": ef["need_hook_ns"][0],
@@ -279,6 +289,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['send_floor_us']:.2f} | "
               f"{r['ingest_us']:.1f} | {r['scrape_p50_ms']:.2f} / {r['scrape_p99_ms']:.2f} | "
               f"{r['wire_bytes_per_step']:.0f} | {r['synced_8']}")
+    if args.cold:
+        print("cold (micro_floor.cool between steps): pool | seqs | engine p50/p99 us | "
+              "floor p50/p99 us")
+        for r in rows:
+            print(f"{r['pool']} | {r['max_num_seqs']} | {r['engine_cold_p50_us']:.1f} / "
+                  f"{r['engine_cold_p99_us']:.1f} | {r['floor_cold_p50_us']:.1f} / "
+                  f"{r['floor_cold_p99_us']:.1f}")
     summary = {"bench": "probe_micro", "reps": args.reps, "noise": noise, "rows": rows}
     print(json.dumps(summary))
     if args.out is not None:
