@@ -232,11 +232,11 @@ def measure(pool: int, seqs: int, args: argparse.Namespace) -> dict[str, Any]:
     outs, steps = w["outs"], w["steps"]
     record = time_record(w["pt"], outs, args.reps)
     calls = w["calls"]
-    ef = engine_and_floor(w["pt"].rec, [(o, c) for o, (c, _) in zip(outs, calls, strict=True)],
-                          [a for _, a in calls], args.reps)
-    cold = (engine_and_floor(w["pt"].rec, [(o, c) for o, (c, _) in zip(outs, calls, strict=True)],
-                             [a for _, a in calls], args.reps, cold=True)
-            if args.cold else None)
+    replayed = [(o, c) for o, (c, _) in zip(outs, calls, strict=True)]
+    armed = [a for _, a in calls]
+    rec = w["pt"].rec
+    ef = engine_and_floor(rec, replayed, armed, args.reps)
+    cold = engine_and_floor(rec, replayed, armed, args.reps, cold=True) if args.cold else None
     streams = [engine_stream(w["keyframe"], steps, args.batch, k) for k in range(ENGINES)]
     ingest, scrape50, scrape99, hub = time_ingest(streams, len(steps), max(3, args.reps // 5))
     synced = all(st.ledger.synced and st.counters.ledger_mismatches == 0

@@ -270,28 +270,31 @@ def orchestrate(args: argparse.Namespace) -> None:
     finally:
         sidecar.stop()
         sink.stop()
-    rows = [summarise_pool(str(p), runs["off"], runs["on"]) for p in args.pools]
-    print_tables(rows, args.rounds)
-    print_breakdown(rows)
-    summary: dict[str, Any] = {}
+    def report(mode: str, heading: str = "") -> list[dict[str, Any]]:
+        """The pools' rows of ``mode`` against the off rounds, printed."""
+        rows = [summarise_pool(str(p), runs["off"], runs[mode]) for p in args.pools]
+        if heading:
+            print(f"\n{heading}")
+        print_tables(rows, args.rounds)
+        print_breakdown(rows)
+        return rows
+
+    rows = report("on")
+    extra: dict[str, Any] = {}
     if args.against:
-        against = [summarise_pool(str(p), runs["off"], runs["against"]) for p in args.pools]
-        print(f"\n--against {args.against}: the same off rounds, its probe on")
-        print_tables(against, args.rounds)
-        print_breakdown(against)
-        summary["against"] = {"checkout": str(args.against), "pools": against,
-                              "git": git_state(args.against)}
+        extra["against"] = {
+            "checkout": str(args.against), "git": git_state(args.against),
+            "pools": report("against", f"--against {args.against}: the same off rounds, "
+                                       "its probe on")}
     if args.sink:
-        sunk = [summarise_pool(str(p), runs["off"], runs["sink"]) for p in args.pools]
-        print("\n--sink: the same off rounds, the probe on, its frames discarded by a process "
-              "that does nothing else (self/st, sidecar/st and all seen do not apply)")
-        print_tables(sunk, args.rounds)
-        print_breakdown(sunk)
-        summary["sink"] = {"pools": sunk}
+        extra["sink"] = {"pools": report(
+            "sink", "--sink: the same off rounds, the probe on, its frames discarded by a "
+                    "process that does nothing else (self/st, sidecar/st and all seen do "
+                    "not apply)")}
     print(noise_line([r["noise_before"] for m in modes for r in runs[m]]))
     summary = {"benchmark": "probe_step_cost", "rounds": args.rounds,
                "requests": args.requests, "exclusive": args.exclusive, "git": git_state(),
-               "raw_results": str(out), "pools": rows, **summary,
+               "raw_results": str(out), "pools": rows, **extra,
                "noise": {f"{m}-r{i}": r["noise_before"]
                          for m in modes for i, r in enumerate(runs[m])}}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -13,6 +13,7 @@ from collections import deque
 from types import SimpleNamespace
 
 import pytest
+import zmq
 
 from kvscope.twin import TwinConfig, WorkloadSpec, generate
 from kvscope_probe import plugin, sender, wire
@@ -21,7 +22,6 @@ from kvscope_probe.recorder import Recorder
 pytestmark = pytest.mark.twin
 
 Twin = pytest.importorskip("kvscope.twin.engine").Twin
-zmq = pytest.importorskip("zmq")
 
 
 def test_a_frame_stops_at_its_byte_bound_and_always_carries_one_record() -> None:
