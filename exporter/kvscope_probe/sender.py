@@ -29,6 +29,7 @@ from typing import Any
 import msgspec
 
 from kvscope_probe import transport, wire
+from kvscope_probe.iothreads import IoCpu
 from kvscope_probe.recorder import Recorder
 
 log = logging.getLogger("kvscope_probe")
@@ -69,18 +70,27 @@ def take_batch(rec: Recorder) -> wire.Frame:
     return make_frame(rec, *pop_run(rec))
 
 
-def make_frame(rec: Recorder, first: int, items: list[bytes], cpu_ns: int = 0) -> wire.Frame:
+def make_frame(rec: Recorder, first: int, items: list[bytes], cpu_ns: int = 0,
+               io_ns: int | None = None) -> wire.Frame:
     """The ring's records are encoded already: a frame is a list around them, its
     records msgspec.Raw (encoding the frame copies their bytes). ``cpu_ns``: the sender
-    thread's CPU time so far."""
+    thread's CPU time so far, ``io_ns`` libzmq's threads' (``iothreads.IoCpu``)."""
+    return _frame(rec, first, list(map(msgspec.Raw, items)), cpu_ns, io_ns)
+
+
+def _frame(rec: Recorder, first: int, records: list[Any], cpu_ns: int,
+           io_ns: int | None) -> wire.Frame:
     return wire.Frame(
         engine=rec.hello.engine,
         session=rec.hello.session,
         first_seq=first,
         dropped=rec.ring_dropped + rec.send_dropped,
         faults=rec.faults,
-        records=list(map(msgspec.Raw, items)),
+        records=records,
         sender_cpu_ns=cpu_ns,
+        io_cpu_ns=io_ns or 0,
+        ring_bytes=rec.pushed_bytes - rec.popped_bytes,
+        ring_limit_bytes=rec.ring_bytes,
     )
 
 
@@ -102,6 +112,7 @@ class Sender(threading.Thread):
         self._last_send = time.monotonic()
         self._seen_seq = -1
         self._seen_at: float | None = None
+        self.io_cpu = IoCpu()
 
     def _socket(self) -> Any:
         return transport.push_socket(self.endpoint, hwm=self.hwm)
@@ -119,9 +130,8 @@ class Sender(threading.Thread):
             return
         self._last_send = now
         since = -1.0 if self._seen_at is None else now - self._seen_at
-        frame = wire.Frame(engine=rec.hello.engine, session=rec.hello.session, first_seq=seq,
-                           dropped=rec.ring_dropped + rec.send_dropped, faults=rec.faults,
-                           records=[wire.Heartbeat(ts=time.time(), since_step_s=since)])
+        frame = _frame(rec, seq, [wire.Heartbeat(ts=time.time(), since_step_s=since)],
+                       time.thread_time_ns(), self.io_cpu())
         if transport.send(self._sock, wire.encode(frame), 0):
             self.heartbeats += 1
 
@@ -177,7 +187,7 @@ class Sender(threading.Thread):
             n = len(items)
             handled += n
             try:
-                frame = make_frame(rec, first, items, time.thread_time_ns())
+                frame = make_frame(rec, first, items, time.thread_time_ns(), self.io_cpu())
                 # A busy sidecar (or its starved I/O thread) fills the pipe for moments:
                 # wait a little on this thread rather than drop. The engine thread never
                 # waits; if this wait lasts, the ring fills and drops are counted there.

@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvscope_probe import iothreads
+
 ENV_SECRET = "KVSCOPE_PROBE_SECRET"
 ENV_SECRET_FILE = "KVSCOPE_PROBE_SECRET_FILE"
 MIN_SECRET_CHARS = 24
@@ -90,7 +92,7 @@ def push_socket(endpoint: str, *, hwm: int, secret: bytes | None = None,
         if secret is None:
             raise TransportError(f"{endpoint} is tcp: set {ENV_SECRET} or {ENV_SECRET_FILE} "
                                  "to the sidecar's probe secret")
-    sock = zmq.Context.instance().socket(zmq.PUSH)
+    sock = iothreads.context().socket(zmq.PUSH)
     sock.setsockopt(zmq.SNDHWM, hwm)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.IMMEDIATE, 1)  # queue only to a connected (authenticated) sidecar

@@ -294,6 +294,13 @@ class Frame(msgspec.Struct, array_like=True, frozen=True):
     records: list[Record]
     sender_cpu_ns: int = 0
     """CPU time the probe's sender thread has used so far (0 from the middleware)."""
+    io_cpu_ns: int = 0
+    """CPU time libzmq's threads for the probe's socket have used so far (0: unknown)."""
+    ring_bytes: int = 0
+    """Encoded records the probe holds in the engine process, not yet in this frame or
+    its socket, when the frame was made..."""
+    ring_limit_bytes: int = 0
+    """... and the bound of that ring (0 from the middleware)."""
 
 
 class WireError(ValueError):

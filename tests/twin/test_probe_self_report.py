@@ -4,13 +4,15 @@ blocks-needed hook once per scheduled request, at the costs calibrated at attach
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
 
+from kvscope.sidecar.hub import Hub
 from kvscope.twin import TwinConfig, WorkloadSpec, generate
 from kvscope.twin.probed import ProbedTwin
-from kvscope_probe import calibrate
+from kvscope_probe import calibrate, wire
 
 pytestmark = pytest.mark.twin
 
@@ -57,3 +59,99 @@ def test_untimed_layers_are_counted_in_probe_ns(which: str) -> None:
     # when it is encoded).
     assert seen[0] == 0 and seen[1:] == expected[:-1]
     assert sum(expected) > 0
+
+
+def _metric(hub: Any, name: str, **labels: str) -> float:
+    from kvscope.sidecar.metrics import KVScopeCollector
+
+    for fam in KVScopeCollector(hub).collect():
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return float(s.value)
+    raise AssertionError(f"{name} {labels} not exposed")
+
+
+def test_a_frame_reports_the_ring_bytes_still_held_and_their_bound() -> None:
+    from kvscope_probe.sender import take_batch
+
+    pt = ProbedTwin(TwinConfig(num_blocks=96), seed=7)
+    pt.twin.run(generate(WorkloadSpec(n_requests=60, seed=7)))  # the ring is not drained
+    rec = pt.rec
+    assert len(rec.ring) > 2 * 128
+    while rec.ring:
+        frame = take_batch(rec)
+        assert frame.ring_bytes == sum(len(data) for _, data in rec.ring)
+        assert frame.ring_limit_bytes == rec.ring_bytes
+        assert pt.hub.accept(wire.encode(frame))
+        assert _metric(pt.hub, "kvscope_probe_ring_bytes") == frame.ring_bytes
+    assert _metric(pt.hub, "kvscope_probe_ring_limit_bytes") == rec.ring_bytes == 64 << 20
+
+
+def test_zmq_io_cpu_counts_the_probes_zmq_threads_and_not_vllms(tmp_path) -> None:
+    """libzmq's threads send the probe's frames: their CPU is the probe's cost too. vLLM's
+    own ZMQ contexts in the same process have threads of the same names; they must not be
+    counted."""
+    import time
+
+    import zmq
+
+    from kvscope.twin.engine import Twin
+    from kvscope_probe import iothreads, plugin, sender
+    from kvscope_probe.recorder import Recorder
+
+    assert plugin.enable(None)
+    twin = Twin(TwinConfig(num_blocks=256), seed=3)
+    rec = Recorder(twin.scheduler, ring_size=1 << 20, keyframe_interval_s=0.05)
+    plugin.bind(twin.scheduler, rec)
+    rec.push(rec.hello)
+    endpoint = f"ipc://{tmp_path}/probe.sock"
+    pull = zmq.Context.instance().socket(zmq.PULL)
+    pull.bind(endpoint)
+    snd = sender.Sender(rec, endpoint, flush_s=0.02)
+    snd.start()
+    try:
+        twin.run(generate(WorkloadSpec(n_requests=400, seed=3)), max_steps=100_000)
+    finally:
+        snd.stop_event.set()
+        snd.join(10)
+    frames = []
+    while pull.poll(500):
+        frames.append(wire.decode(pull.recv_multipart()))
+    io = [f.io_cpu_ns for f in frames]
+    assert len(frames) > 10 and io == sorted(io) and io[-1] > 0
+
+    names = {}
+    for tid in iothreads.thread_ids():
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            names[tid] = f.read().strip()
+    assert sorted(names.values()) == ["7135/ZMQbg/IO/0", "7135/ZMQbg/Reap"]
+    assert set(snd.io_cpu.tids) == set(names)
+
+    # A context of vLLM's kind, busy: its I/O thread works, the probe's count stays put.
+    other = zmq.Context()
+    a, b = other.socket(zmq.PUSH), other.socket(zmq.PULL)
+    port = b.bind_to_random_port("tcp://127.0.0.1")
+    a.connect(f"tcp://127.0.0.1:{port}")
+    theirs = [int(t) for t in os.listdir("/proc/self/task")
+              if open(f"/proc/self/task/{t}/comm").read().strip() == "ZMQbg/IO/0"]
+    assert theirs and not set(theirs) & set(names)
+
+    def their_cpu() -> int:
+        return sum(time.clock_gettime_ns(iothreads._cpu_clock(t)) for t in theirs)
+
+    probe0, theirs0 = snd.io_cpu(), their_cpu()
+    for _ in range(200):
+        a.send(b"x" * (1 << 20))
+        b.recv()
+    probe1, theirs1 = snd.io_cpu(), their_cpu()
+    a.close(0)
+    b.close(0)
+    other.term()
+    pull.close(0)
+    assert theirs1 - theirs0 > 10_000_000  # 200 MiB through their I/O thread
+    assert probe1 - probe0 < (theirs1 - theirs0) / 100, (probe1 - probe0, theirs1 - theirs0)
+
+    hub = Hub()
+    for f in frames:
+        assert hub.accept(wire.encode(f))
+    assert _metric(hub, "kvscope_probe_overhead_seconds_total", thread="zmq_io") == io[-1] / 1e9

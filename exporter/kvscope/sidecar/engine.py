@@ -97,6 +97,9 @@ class EngineState:
         self.last_record_monotonic = time.monotonic()
         self.probe_dropped = 0
         self.sender_cpu_ns = 0
+        self.io_cpu_ns = 0
+        self.ring_bytes = 0
+        self.ring_limit_bytes = 0
         self.probe_faults = 0
         self.recent_preemptions: deque[PreemptionSeen] = deque(maxlen=200)
         self.lost_tokens: dict[str, int] = {}
@@ -119,6 +122,9 @@ class EngineState:
         self.next_seq = frame.first_seq + len(frame.records)
         self.probe_dropped = frame.dropped
         self.sender_cpu_ns = max(self.sender_cpu_ns, frame.sender_cpu_ns)
+        self.io_cpu_ns = max(self.io_cpu_ns, frame.io_cpu_ns)
+        self.ring_bytes = frame.ring_bytes
+        self.ring_limit_bytes = frame.ring_limit_bytes
         self.probe_faults = frame.faults
         self.last_record_monotonic = time.monotonic()
 

@@ -125,7 +125,15 @@ DOCS = {
     "kvscope_probe_faults": ("Errors the probe contained inside vLLM."),
     "kvscope_probe_overhead_seconds": (
         "Time the probe spent in the engine process, by thread: on the engine thread its "
-        "step records and wrappers (wall time), on its sender thread (CPU time)."
+        "step records and wrappers (wall time), on its sender thread and on libzmq's "
+        "threads for its socket (zmq_io) CPU time."
+    ),
+    "kvscope_probe_ring_bytes": (
+        "Encoded records the probe holds in the engine process for the sidecar (its "
+        "ring), as of its last frame."
+    ),
+    "kvscope_probe_ring_limit_bytes": (
+        "Bound of that ring; records beyond it are dropped and counted."
     ),
     "kvscope_engine_schedule_seconds": ("Time vLLM spent in schedule()."),
     "kvscope_ledger_gaps": ("Gaps in the probe's record sequence."),
