@@ -215,14 +215,17 @@ def wait_engine_steps(url: str, engine: str, steps: int | None,
     return last
 
 
-def scrape(url: str) -> dict[tuple[str, str], float]:
+def scrape(url: str, by: str = "") -> dict[tuple[str, ...], float]:
     """A Prometheus exposition as ``{(sample name, engine label or ""): value}``; samples
-    that differ in other labels (``thread``, ``reason``, ...) are summed."""
+    that differ in other labels (``thread``, ``reason``, ...) are summed. ``by``: one more
+    label kept apart, ``{(name, engine, that label or ""): value}``."""
     text = httpx.get(f"{url}/metrics", timeout=10.0, trust_env=False).text
-    out: dict[tuple[str, str], float] = {}
+    out: dict[tuple[str, ...], float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             key = (s.name, s.labels.get("engine", ""))
+            if by:
+                key += (s.labels.get(by, ""),)
             out[key] = out.get(key, 0.0) + s.value
     return out
 

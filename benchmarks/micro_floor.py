@@ -240,7 +240,9 @@ def need_hook_ns(rec: Any, reps: int) -> float:
 def engine_and_floor(rec: Any, steps: list[tuple[Any, list[Any]]], armed: list[int],
                      reps: int, cold: bool = False) -> dict[str, list[float]]:
     """Per step (µs): the probe's engine-thread time (its wrappers, the need hook while
-    armed, ``schedule()``'s wrapper and record) and the floor's, each the fastest
+    armed, ``schedule()``'s wrapper and record), the same with its records kept as
+    structs instead of encoded (``unencoded``: what encoding costs is the difference; a
+    probe cannot keep them so, they hold vLLM's lists) and the floor's, each the fastest
     replay minus the fastest bare replay of the same calls. ``cold``: ``cool()`` before
     every step of every replay (bare ones too)."""
     rec.next_keyframe_ns = 1 << 62
@@ -251,15 +253,25 @@ def engine_and_floor(rec: Any, steps: list[tuple[Any, list[Any]]], armed: list[i
         rec.popped_bytes = rec.pushed_bytes
         rec.want_keyframe = False
 
+    def unencoded(item: Any) -> None:
+        rec.ring.append((0, item))
+
     p_pool, p_sched = probe_classes(rec)
     f_pool, f_sched = floor_classes()
     before = cool if cold else None
     bare = _replay(RawPool(), RawSched(), steps, reps, lambda: None, before)
     probe = _replay(p_pool(), p_sched(), steps, reps, reset, before)
+    rec.push = unencoded  # type: ignore[method-assign]
+    try:
+        plain = _replay(p_pool(), p_sched(), steps, reps, reset, before)
+    finally:
+        del rec.push
     floor = _replay(f_pool(), f_sched(), steps, reps, f_sched.ring.clear, before)
     hook = need_hook_ns(rec, max(reps, 10))
     return {
         "engine": [(p - b + a * hook) / 1e3 for p, b, a in zip(probe, bare, armed, strict=True)],
+        "unencoded": [(p - b + a * hook) / 1e3
+                      for p, b, a in zip(plain, bare, armed, strict=True)],
         "floor": [(f - b) / 1e3 for f, b in zip(floor, bare, strict=True)],
         "need_hook_ns": [hook],
     }

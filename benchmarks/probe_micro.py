@@ -11,7 +11,9 @@ many times; the figure per step is the MINIMUM over the repetitions (noise on a 
 - ``engine``: everything the probe does on the engine thread per step, replayed call by
   call (``micro_floor.py``): its pool wrappers around the step's recorded pool calls, the
   blocks-needed hook while armed, ``schedule()``'s wrapper and the record, vLLM's own
-  work excluded; ``floor``: the same calls through the least a probe must do to keep the
+  work excluded; ``unencoded``: the same with the records kept as structs, not encoded
+  (not a probe that could run: they hold vLLM's lists; ``engine`` minus it is what
+  encoding costs); ``floor``: the same calls through the least a probe must do to keep the
   sidecar's ledger exact (what it leaves out: ``micro_floor.py``); ``calls/st``: pool
   calls per step + allocations the armed hook saw;
 - ``self``: the probe's own per-step report from the real run (``Step.probe_ns``: the
@@ -164,7 +166,8 @@ def time_encode(steps: list[Any], batch: int, reps: int) -> float:
     from kvscope_probe import sender, wire
 
     rec: Any = SimpleNamespace(hello=SimpleNamespace(engine="0", session="s"),
-                               ring_dropped=0, send_dropped=0, faults=0)
+                               ring_dropped=0, send_dropped=0, faults=0, pushed_bytes=0,
+                               popped_bytes=0, ring_bytes=0)
     encoded = [msgspec.msgpack.encode(s) for s in steps]
     best = float("inf")
     for _ in range(reps):
@@ -249,10 +252,12 @@ def measure(pool: int, seqs: int, args: argparse.Namespace) -> dict[str, Any]:
         "record_p50_us": percentile(record, 0.5), "record_p99_us": percentile(record, 0.99),
         "engine_p50_us": percentile(ef["engine"], 0.5),
         "engine_p99_us": percentile(ef["engine"], 0.99),
+        "unencoded_p50_us": percentile(ef["unencoded"], 0.5),
         "floor_p50_us": percentile(ef["floor"], 0.5),
         "floor_p99_us": percentile(ef["floor"], 0.99),
         **({"engine_cold_p50_us": percentile(cold["engine"], 0.5),
             "engine_cold_p99_us": percentile(cold["engine"], 0.99),
+            "unencoded_cold_p50_us": percentile(cold["unencoded"], 0.5),
             "floor_cold_p50_us": percentile(cold["floor"], 0.5),
             "floor_cold_p99_us": percentile(cold["floor"], 0.99)} if cold else {}),
         "pool_calls_per_step": sum(len(c) for c, _ in calls) / len(outs),
@@ -275,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     noise = machine_noise()
     rows = [measure(pool, seqs, args) for pool, seqs in shapes(args.quick)]
     head = ("pool", "seqs", "reqs/st", "pre", "calls/st", "record p50/p99 us",
-            "engine p50/p99 us", "floor p50/p99 us", "self p50/p99 us", "encode us",
+            "engine p50/p99 us", "unencoded p50", "floor p50/p99 us", "self p50/p99 us",
+            "encode us",
             "send floor us", "ingest us (8 eng)", "scrape p50/p99 ms", "wire B/st", "synced")
     print(" | ".join(head))
     for r in rows:
@@ -284,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
               f" +{r['need_calls_per_step']:.0f} | "
               f"{r['record_p50_us']:.1f} / {r['record_p99_us']:.1f} | "
               f"{r['engine_p50_us']:.1f} / {r['engine_p99_us']:.1f} | "
+              f"{r['unencoded_p50_us']:.1f} | "
               f"{r['floor_p50_us']:.1f} / {r['floor_p99_us']:.1f} | "
               f"{r['self_p50_us']:.1f} / {r['self_p99_us']:.1f} | {r['encode_us']:.1f} | "
               f"{r['send_floor_us']:.2f} | "
@@ -291,11 +298,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['wire_bytes_per_step']:.0f} | {r['synced_8']}")
     if args.cold:
         print("cold (micro_floor.cool between steps): pool | seqs | engine p50/p99 us | "
-              "floor p50/p99 us")
+              "unencoded p50 | floor p50/p99 us")
         for r in rows:
             print(f"{r['pool']} | {r['max_num_seqs']} | {r['engine_cold_p50_us']:.1f} / "
-                  f"{r['engine_cold_p99_us']:.1f} | {r['floor_cold_p50_us']:.1f} / "
-                  f"{r['floor_cold_p99_us']:.1f}")
+                  f"{r['engine_cold_p99_us']:.1f} | {r['unencoded_cold_p50_us']:.1f} | "
+                  f"{r['floor_cold_p50_us']:.1f} / {r['floor_cold_p99_us']:.1f}")
     summary = {"bench": "probe_micro", "reps": args.reps, "noise": noise, "rows": rows}
     print(json.dumps(summary))
     if args.out is not None:

@@ -12,7 +12,8 @@ Per pool size it reports: ``schedule()`` wall time p50 / p99 off and on and thei
 difference (the probe's cost per step), the same for the whole engine step
 (``schedule()`` + ``update_from_output()``, where the pool hooks fire too), the probe's
 self-reported engine-thread time per step (the sidecar's
-``kvscope_probe_overhead_seconds_total`` / steps), the cost of ``Recorder.keyframe`` at
+``kvscope_probe_overhead_seconds_total{thread="engine"}`` / steps; its sender and zmq_io
+threads apart, in the breakdown), the cost of ``Recorder.keyframe`` at
 the step where the pool was fullest, records dropped, and the sidecar's ledger
 mismatches and gaps.
 """
@@ -61,6 +62,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--against", type=Path, default=None, metavar="CHECKOUT",
                    help="also run the probe of another checkout (its exporter/) as a third "
                         "mode, in the same rounds: the two probes side by side in one run")
+    p.add_argument("--against-sink", action="store_true",
+                   help="the --against probe sends to the discarding process, not the "
+                        "sidecar (a probe whose frames the sidecar cannot read: a floor)")
     p.add_argument("--sink", action="store_true",
                    help="also run the probe sending to a process that discards its frames "
                         "(no sidecar working on the other core), in the same rounds")
@@ -169,6 +173,9 @@ def summarise_pool(pool: str, offs: list[dict[str, Any]], ons: list[dict[str, An
         "add_request_cost_us": (median([r["pools"][pool]["add_mean_ns"] for r in ons])
                                 - median([r["pools"][pool]["add_mean_ns"] for r in offs])) / 1e3,
         "self_reported_us_per_step": _per_step(probes, steps, lambda p: p["overhead_s"] * 1e6),
+        "self_reported_by_thread_us_per_step": {
+            t: _per_step(probes, steps, lambda p, t=t: p.get("overhead_by_thread_s", {})
+                         .get(t, 0.0) * 1e6) for t in ("engine", "sender", "zmq_io")},
         # whole engine process (engine thread + sender), best of rounds per mode
         "proc_cpu_us_per_step_off": min(r["pools"][pool]["proc_cpu_ns"] for r in offs) / 1e3
         / max(1, steps),
@@ -238,13 +245,15 @@ def print_tables(rows: list[dict[str, Any]], rounds: int) -> None:
 def print_breakdown(rows: list[dict[str, Any]]) -> None:
     """Where the engine process's CPU went, off -> on (us per step, best of rounds)."""
     print(f"\n{'pool':>7} {'main thread':>16} {'other threads':>15} {'gc time':>14} "
-          f"{'gc runs':>14}  (us per step; off -> on)")
+          f"{'gc runs':>14} {'self-report eng/snd/zmq':>24}  (us per step; off -> on)")
     for r in rows:
         m, o, g, n = (r["main_cpu_us_per_step"], r["other_threads_cpu_us_per_step"],
                       r["gc_us_per_step"], r["gc_runs"])
+        t = r["self_reported_by_thread_us_per_step"]
         print(f"{r['pool_blocks']:>7} {m['off']:>7.0f}->{m['on']:<7.0f} "
               f"{o['off']:>6.1f}->{o['on']:<7.1f} {g['off']:>5.1f}->{g['on']:<7.1f} "
-              f"{n['off']:>6.0f}->{n['on']:<6.0f}")
+              f"{n['off']:>6.0f}->{n['on']:<6.0f} "
+              f"{t['engine']:>10.1f} / {t['sender']:.1f} / {t['zmq_io']:.1f}")
 
 
 def orchestrate(args: argparse.Namespace) -> None:
@@ -261,11 +270,12 @@ def orchestrate(args: argparse.Namespace) -> None:
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     try:
         sidecar.start()
-        if args.sink:
+        if args.sink or args.against_sink:
             sink.start()
+        sunk = {"sink"} | ({"against"} if args.against_sink else set())
         for rnd in range(args.rounds):
             for mode in modes:
-                runs[mode].append(run_round(args, mode, rnd, sink if mode == "sink"
+                runs[mode].append(run_round(args, mode, rnd, sink if mode in sunk
                                             else sidecar, out))
     finally:
         sidecar.stop()
@@ -285,7 +295,9 @@ def orchestrate(args: argparse.Namespace) -> None:
         extra["against"] = {
             "checkout": str(args.against), "git": git_state(args.against),
             "pools": report("against", f"--against {args.against}: the same off rounds, "
-                                       "its probe on")}
+                                       "its probe on" + (", sending to the discarding "
+                                       "process (self/st, sidecar/st and all seen do not "
+                                       "apply)" if args.against_sink else ""))}
     if args.sink:
         extra["sink"] = {"pools": report(
             "sink", "--sink: the same off rounds, the probe on, its frames discarded by a "

@@ -198,7 +198,7 @@ class ProbeWatch:
         seen = (wait_engine_steps(url, self.engine, steps) or {}) if url else {}
         sender_cpu = thread_cpu_ns(self.sender.native_id) - self.sender_cpu0
         sidecar_cpu = process_cpu_s(self.args.sidecar_pid) - self.sidecar_cpu0
-        metrics = scrape(url) if url else {}
+        metrics = scrape(url, by="thread") if url else {}
         plugin.stop_all()
         return {
             "attach_ns": self.attach_ns,
@@ -209,7 +209,12 @@ class ProbeWatch:
             "sidecar": {k: seen.get(k, 0) for k in (
                 "steps", "probe_records_dropped", "ledger_mismatches", "ledger_gaps",
                 "probe_faults", "synced")},
-            "overhead_s": metrics.get(("kvscope_probe_overhead_seconds_total", self.engine), 0.0),
+            # the probe's own report, engine thread (the sender's and libzmq's apart)
+            "overhead_s": metrics.get(
+                ("kvscope_probe_overhead_seconds_total", self.engine, "engine"), 0.0),
+            "overhead_by_thread_s": {
+                t: v for (name, eng, t), v in metrics.items()
+                if name == "kvscope_probe_overhead_seconds_total" and eng == self.engine},
         }
 
 
