@@ -1,7 +1,7 @@
 """What the probe's untimed call layers cost on this machine, measured once per process.
 
-The ``get_new_blocks`` wrapper (one append) and the blocks-needed hook cost less than
-the two clock reads that would time them, so they are not timed; the step record adds
+The ``get_new_blocks`` wrapper (one append of its blocks' IDs) and the blocks-needed hook
+cost less than the two clock reads that would time them, so they are not timed; the step record adds
 ``calls x cost`` for them instead (``Recorder.on_step``), with the cost measured here at
 attach time: the probe's own wrapper code around a stand-in that does nothing, against
 the stand-in called directly, fastest of a few passes (about 1 ms, once). The figure is
@@ -47,7 +47,7 @@ def _alloc_ns() -> float:
     from kvscope_probe import hooks
 
     class Pool:
-        ret = (object(),)
+        ret = [SimpleNamespace(block_id=1)]  # vLLM returns one block a call, mostly
 
         def get_new_blocks(self, num_blocks: int) -> Any:
             return self.ret
@@ -61,7 +61,7 @@ def _alloc_ns() -> float:
     raw = Pool.get_new_blocks
     hooks._pool_hooks(Pool)
     pool = Pool()
-    rec = SimpleNamespace(enabled=True, ops=[])
+    rec = SimpleNamespace(enabled=True, ops=[], allocs=0)
     pool._kvscope = rec  # type: ignore[attr-defined]
     wrapped = _best(pool.get_new_blocks, 1)
     return wrapped - _best(raw, pool, 1)

@@ -147,7 +147,7 @@ class Recorder(PoolMirror):
         self.ends.append(
             wire.End(
                 req.request_id,
-                str(req.status.name),
+                req.status._name_,  # the enum's name field (.name is a slow descriptor)
                 int(req.num_prompt_tokens),
                 int(req.num_output_tokens),
                 int(req.num_preemptions),

@@ -8,8 +8,8 @@ The thread wakes once per flush interval (``KVSCOPE_PROBE_FLUSH_S``, 0.1 s) and 
 what the ring holds. Its cost is per wakeup, not per record: each wakeup takes the GIL
 from the engine thread and gives it back several times (the socket calls release it).
 Measured on the twin at 187 requests a step (benchmarks/README.md, fourth pass): 20-25 us
-of sender CPU a step with a 20 ms interval, 6-8 us with 0.1 s, 2.5 us with 1 s; the
-probe's own engine-thread time fell by a quarter with it. The sidecar sees records at
+of sender CPU a step with a 20 ms interval, 6-8 us with 0.1 s, 2.5 us with 1 s. The
+sidecar sees records at
 most one interval late, far below any scrape interval. Sending from the engine thread
 instead was measured too, and cost the engine thread what it saved here.
 
