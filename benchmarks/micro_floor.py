@@ -307,3 +307,89 @@ def send_floor_us(frame_bytes: list[list[bytes]], reps: int) -> float:
         push.close(0)
         pull.close(0)
     return best
+
+
+# -- the floor in place: installed on vLLM's own classes (probe_interleaved.py --floor) ---
+class FloorRecorder:
+    """What the floor hooks below need of a recorder: the ring (encoded records, emptied
+    by the harness), the blocks the step's pool calls touched, the evicted IDs."""
+
+    def __init__(self, sched: Any) -> None:
+        self.pool = sched.kv_cache_manager.block_pool
+        self.enabled = True
+        self.ring: list[tuple[int, bytes]] = []
+        self.seq = self.pushed_bytes = self.popped_bytes = self.faults = 0
+        self.touched: list[Any] = []
+        self.evicted: list[int] = []
+
+    def watch_need(self, _free_blocks: int) -> None:
+        """The floor has no blocks-needed hook."""
+
+
+def install_floor() -> None:
+    """Wrap vLLM's BlockPool and Scheduler with the floor's hooks, the in-place twin of
+    ``floor_classes``: a layer per pool call keeping its blocks, and after ``schedule()``
+    what the ledger reads, encoded at once (msgpack straight from vLLM's lists, as the
+    probe encodes, so no container outlives the step) with each touched block's ID,
+    reference count and hash. Once per process, instead of the probe's hooks."""
+    import msgspec
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    encode = msgspec.msgpack.Encoder().encode
+    o_new, o_evict = BlockPool.get_new_blocks, BlockPool.evict_blocks
+
+    def get_new_blocks(self: Any, num_blocks: int, *args: Any, **kwargs: Any) -> Any:
+        ret = o_new(self, num_blocks, *args, **kwargs)
+        rec = self._kvscope
+        if rec is not None and rec.enabled:
+            rec.touched.append(ret)
+        return ret
+
+    def blocks_in(orig: Any) -> Any:
+        def wrapper(self: Any, blocks: Any, *args: Any, **kwargs: Any) -> Any:
+            rec = self._kvscope
+            if rec is None or not rec.enabled:
+                return orig(self, blocks, *args, **kwargs)
+            blocks = list(blocks)
+            ret = orig(self, blocks, *args, **kwargs)
+            rec.touched.append(blocks)
+            return ret
+        return wrapper
+
+    def evict_blocks(self: Any, block_ids: Any) -> Any:
+        rec = self._kvscope
+        if rec is None or not rec.enabled:
+            return o_evict(self, block_ids)
+        block_ids = list(block_ids)
+        ret = o_evict(self, block_ids)
+        rec.evicted.extend(block_ids)
+        return ret
+
+    BlockPool.get_new_blocks, BlockPool.evict_blocks = get_new_blocks, evict_blocks
+    for name in ("touch", "free_blocks", "unpin_blocks"):
+        setattr(BlockPool, name, blocks_in(getattr(BlockPool, name)))
+    BlockPool._kvscope = None
+    o_schedule = Scheduler.schedule
+
+    def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
+        rec = self._kvscope
+        if rec is None or not rec.enabled:
+            return o_schedule(self, *args, **kwargs)
+        out = o_schedule(self, *args, **kwargs)
+        c = out.scheduled_cached_reqs
+        touched = rec.touched
+        data = encode((out.num_scheduled_tokens, c.req_ids, c.num_computed_tokens,
+                       c.new_block_ids, [(r.req_id, r.block_ids, r.num_computed_tokens)
+                                         for r in out.scheduled_new_reqs],
+                       out.finished_req_ids, out.preempted_req_ids, c.resumed_req_ids,
+                       list(map(_state, chain.from_iterable(touched))), rec.evicted))
+        touched.clear()
+        rec.evicted = []
+        rec.seq += 1
+        rec.pushed_bytes += len(data)
+        rec.ring.append((rec.seq, data))
+        return out
+
+    Scheduler.schedule = schedule
+    Scheduler._kvscope = None

@@ -28,7 +28,13 @@ The steps the probe does not record still pay its wrappers' "not recording" chec
 the ring is emptied every 54 steps (the sender's 0.1 s at ~540 steps a second) outside
 the timed calls: the sender thread's own cost is probe_step_cost.py's ``sender/st``.
 
+``--against CHECKOUT`` measures another checkout's probe and ``--floor`` the floor
+(``micro_floor.install_floor``: the least exact ledger, its record encoded as the probe
+encodes) in the same pairs, their workers interleaved with this checkout's: compare probes
+this way, not across runs.
+
     python benchmarks/probe_interleaved.py [--pairs N] [--requests N] [--pools ...]
+        [--against CHECKOUT ...] [--floor]
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import git_state, machine_noise, median, noise_line, percentile
+from micro_floor import FloorRecorder, install_floor
 from twin_run import twin_config, workload
 
 _now = time.perf_counter_ns
@@ -61,7 +68,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--requests", type=int, default=1200)
     p.add_argument("--pools", type=int, nargs="+", default=[4096, 32768])
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--against", type=Path, action="append", default=[], metavar="CHECKOUT",
+                   help="also measure another checkout's probe (its exporter/), its workers "
+                        "interleaved with this one's in the same pairs")
+    p.add_argument("--floor", action="store_true",
+                   help="also measure the floor (micro_floor.install_floor) the same way")
     p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--as-floor", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--flip", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -72,15 +85,18 @@ def coins(seed: int, n: int, flip: bool) -> list[bool]:
     return [(rng.random() < 0.5) != flip for _ in range(n)]
 
 
-def run_pool(pool: int, requests: list[Any], on: list[bool]) -> dict[str, Any]:
+def run_pool(pool: int, requests: list[Any], on: list[bool], floor: bool) -> dict[str, Any]:
     from kvscope.twin.engine import Twin
     from kvscope_probe import plugin
     from kvscope_probe.recorder import Recorder
 
     twin = Twin(twin_config(pool), seed=0)
     sched = twin.scheduler
-    rec = Recorder(sched, ring_size=1 << 20, keyframe_interval_s=5.0)
-    rec.push(rec.hello)
+    if floor:
+        rec: Any = FloorRecorder(sched)
+    else:
+        rec = Recorder(sched, ring_size=1 << 20, keyframe_interval_s=5.0)
+        rec.push(rec.hello)
     plugin.bind(sched, rec)
     cls = type(sched)
     o_schedule, o_update = cls.schedule, cls.update_from_output
@@ -118,14 +134,16 @@ def run_worker(args: argparse.Namespace) -> None:
     import kvscope.twin.engine  # noqa: F401 - imports vLLM before the timed part
     from kvscope_probe import plugin
 
-    if not plugin.enable(None):
+    if args.as_floor:
+        install_floor()
+    elif not plugin.enable(None):
         raise SystemExit("the probe's hooks could not be installed")
     requests = workload(args.requests)
     pools = {}
     for pool in args.pools:
         on = coins(1000 * args.worker + pool, 1 << 16, args.flip)
-        run_pool(pool, requests[: len(requests) // 8], on)  # warm-up, not kept
-        pools[str(pool)] = {**run_pool(pool, requests, on), "on": on}
+        run_pool(pool, requests[: len(requests) // 8], on, args.as_floor)  # warm-up
+        pools[str(pool)] = {**run_pool(pool, requests, on, args.as_floor), "on": on}
     args.result.write_text(json.dumps({"pools": pools}))
 
 
@@ -171,30 +189,56 @@ def summarise(pool: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def probes(args: argparse.Namespace) -> list[tuple[str, dict[str, str], list[str]]]:
+    """(name, environment, extra worker arguments) of every probe measured."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVSCOPE_")}
+    env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    out = [("this checkout", env, [])]
+    for checkout in args.against:
+        path = os.pathsep.join([str(checkout.resolve() / "exporter"),
+                                *filter(None, [env.get("PYTHONPATH")])])
+        out.append((str(checkout), {**env, "PYTHONPATH": path}, []))
+    if args.floor:
+        out.append(("floor", env, ["--as-floor"]))
+    return out
+
+
 def orchestrate(args: argparse.Namespace) -> None:
     out = args.out or Path(tempfile.mkdtemp(prefix="kvscope-interleaved-"))
     out.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KVSCOPE_")}
-    env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    runs, noise = [], []
+    kinds = probes(args)
+    runs: dict[str, list[Any]] = {name: [] for name, _, _ in kinds}
+    noise = []
     for pair in range(args.pairs):
         for flip in (False, True) if pair % 2 == 0 else (True, False):
-            result = out / f"w{pair}-{int(flip)}.json"
-            noise.append(machine_noise())
-            argv = [sys.executable, str(Path(__file__).resolve()), "--worker", str(pair),
-                    "--requests", str(args.requests), "--pools", *map(str, args.pools),
-                    "--result", str(result)] + ["--flip"] * flip
-            started = time.monotonic()
-            with (out / f"w{pair}-{int(flip)}.log").open("wb") as log:
-                subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=log,
-                               stderr=subprocess.STDOUT, env=env, check=True)
-            print(f"  pair {pair} flip {flip}: {time.monotonic() - started:.0f} s, "
-                  f"loadavg {noise[-1]['loadavg_1m']:.2f}", file=sys.stderr, flush=True)
-            runs.append((pair, json.loads(result.read_text())))
-    rows = []
-    for pool in map(str, args.pools):
+            for k, (name, env, extra) in enumerate(kinds):
+                result = out / f"p{k}-w{pair}-{int(flip)}.json"
+                noise.append(machine_noise())
+                argv = [sys.executable, str(Path(__file__).resolve()), "--worker", str(pair),
+                        "--requests", str(args.requests), "--pools", *map(str, args.pools),
+                        "--result", str(result), *extra] + ["--flip"] * flip
+                started = time.monotonic()
+                with result.with_suffix(".log").open("wb") as log:
+                    subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=log,
+                                   stderr=subprocess.STDOUT, env=env, check=True)
+                print(f"  pair {pair} flip {flip} {name}: {time.monotonic() - started:.0f} s,"
+                      f" loadavg {noise[-1]['loadavg_1m']:.2f}", file=sys.stderr, flush=True)
+                runs[name].append(json.loads(result.read_text()))
+    summary: dict[str, Any] = {"benchmark": "probe_interleaved", "pairs": args.pairs,
+                               "requests": args.requests, "git": git_state(), "raw": str(out),
+                               "probes": {}}
+    for name, _, _ in kinds:
         # each pair's two workers hold every step once on and once off
-        rows.append(summarise(pool, [r for _, r in runs]))
+        rows = [summarise(pool, runs[name]) for pool in map(str, args.pools)]
+        summary["probes"][name] = rows
+        print(f"\n{name}:")
+        print_rows(rows)
+    print(noise_line(noise))
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary, separators=(",", ":")))
+
+
+def print_rows(rows: list[dict[str, Any]]) -> None:
     print(f"{'pool':>7} {'steps':>6} {'sched cost p50/p99/mean us':>28} "
           f"{'cpu/step off us':>16} {'paired +us':>11} {'paired':>8} {'cpu +us':>8} "
           f"{'cpu on/off':>11} {'faults':>7}")
@@ -210,11 +254,6 @@ def orchestrate(args: argparse.Namespace) -> None:
         print(f"{r['pool']:>7} " + "   ".join(
             f"{b}: {v['p50_us']:.1f} / {v['p99_us']:.1f} ({v['steps']})"
             for b, v in r["sched_cost_by_reqs"].items()))
-    print(noise_line(noise))
-    summary = {"benchmark": "probe_interleaved", "pairs": args.pairs,
-               "requests": args.requests, "git": git_state(), "rows": rows, "raw": str(out)}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    print(json.dumps(summary, separators=(",", ":")))
 
 
 def main(argv: list[str] | None = None) -> int:

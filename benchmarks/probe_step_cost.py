@@ -62,9 +62,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--against", type=Path, default=None, metavar="CHECKOUT",
                    help="also run the probe of another checkout (its exporter/) as a third "
                         "mode, in the same rounds: the two probes side by side in one run")
-    p.add_argument("--against-sink", action="store_true",
-                   help="the --against probe sends to the discarding process, not the "
-                        "sidecar (a probe whose frames the sidecar cannot read: a floor)")
     p.add_argument("--sink", action="store_true",
                    help="also run the probe sending to a process that discards its frames "
                         "(no sidecar working on the other core), in the same rounds")
@@ -270,12 +267,11 @@ def orchestrate(args: argparse.Namespace) -> None:
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     try:
         sidecar.start()
-        if args.sink or args.against_sink:
+        if args.sink:
             sink.start()
-        sunk = {"sink"} | ({"against"} if args.against_sink else set())
         for rnd in range(args.rounds):
             for mode in modes:
-                runs[mode].append(run_round(args, mode, rnd, sink if mode in sunk
+                runs[mode].append(run_round(args, mode, rnd, sink if mode == "sink"
                                             else sidecar, out))
     finally:
         sidecar.stop()
@@ -295,9 +291,7 @@ def orchestrate(args: argparse.Namespace) -> None:
         extra["against"] = {
             "checkout": str(args.against), "git": git_state(args.against),
             "pools": report("against", f"--against {args.against}: the same off rounds, "
-                                       "its probe on" + (", sending to the discarding "
-                                       "process (self/st, sidecar/st and all seen do not "
-                                       "apply)" if args.against_sink else ""))}
+                                       "its probe on")}
     if args.sink:
         extra["sink"] = {"pools": report(
             "sink", "--sink: the same off rounds, the probe on, its frames discarded by a "
