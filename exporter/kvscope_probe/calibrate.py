@@ -1,8 +1,8 @@
 """What the probe's untimed call layers cost on this machine, measured once per process.
 
 The ``get_new_blocks`` wrapper (one append of its blocks' IDs) and the blocks-needed hook
-cost less than the two clock reads that would time them, so they are not timed; the step record adds
-``calls x cost`` for them instead (``Recorder.on_step``), with the cost measured here at
+cost less than the two clock reads that would time them, so they are not timed; the step
+record adds ``calls x cost`` for them instead (``Recorder.on_step``), with the cost measured here at
 attach time: the probe's own wrapper code around a stand-in that does nothing, against
 the stand-in called directly, fastest of a few passes (about 1 ms, once). The figure is
 an estimate: benchmarks/probe_micro.py compares the self-report with a replay.

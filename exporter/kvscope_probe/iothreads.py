@@ -1,12 +1,12 @@
 """The probe's own ZMQ context, and the CPU time of the threads libzmq runs for it.
 
 libzmq sends from background threads of its own (an I/O thread and a reaper per
-context): 1-8 us of CPU per engine step in the twin, beside the sender thread's 3-8, work
-the probe causes in the engine process. vLLM opens ZMQ contexts of its own in the same
-process (the engine core's input and output sockets), whose threads carry the same names,
-so the probe's context names its threads with ``THREAD_PREFIX`` ("7135/ZMQbg/IO/0"): only
-those are counted. Their CPU is read from each thread's CPU clock (Linux), nanoseconds,
-about 1 us a read.
+context): 1-4 us of CPU per engine step in the twin (benchmarks/README.md, fifth pass),
+beside the sender thread's 4-10, work the probe causes in the engine process. vLLM opens
+ZMQ contexts of its own in the same process (the engine core's input and output
+sockets), whose threads carry the same names, so the probe's context names its threads
+with ``THREAD_PREFIX`` ("7135/ZMQbg/IO/0"): only those are counted. Their CPU is read
+from each thread's CPU clock (Linux), nanoseconds, about 1 us a read.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ class PoolMirror:
         self.pool = pool
         self.ops: list[tuple[int, Any]] = []
         self.settled = 0
-        """How many of ``ops`` ``states`` reflects (and none of those is pending)."""
+        """How many of ``ops`` ``states`` reflects."""
         self.allocs = 0
         """``get_new_blocks`` calls recorded since the step record last read this (its
         untimed wrapper is estimated per call)."""
