@@ -68,10 +68,10 @@ def _cpu_clock(tid: int) -> int:
 
 
 class IoCpu:
-    """CPU time the probe context's threads have used so far, in ns; None where it cannot
-    be read (not Linux, threads not named). Called from one thread (the sender's), once
-    its socket exists (the context's threads start with its first socket): a first look
-    that finds none gives up, so no later call scans ``/proc``."""
+    """CPU time the probe context's threads have used so far, in ns; 0 where it cannot
+    be read (not Linux, threads not named: the wire's "unknown"). Called from one thread
+    (the sender's), once its socket exists (the context's threads start with its first
+    socket): a first look that finds none gives up, so no later call scans ``/proc``."""
 
     def __init__(self) -> None:
         self.tids: list[int] | None = None
@@ -79,11 +79,9 @@ class IoCpu:
         """CPU of counted threads that have ended since (a counter never goes back)."""
         self.last: dict[int, int] = {}
 
-    def __call__(self) -> int | None:
+    def __call__(self) -> int:
         if self.tids is None:
             self.tids = thread_ids()
-            if not self.tids:
-                return None
         total = 0
         for tid in list(self.tids):
             try:

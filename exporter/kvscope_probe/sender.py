@@ -9,9 +9,9 @@ what the ring holds. Its cost is per wakeup, not per record: each wakeup takes t
 from the engine thread and gives it back several times (the socket calls release it).
 Measured on the twin at 187 requests a step (benchmarks/README.md, fourth pass): 20-25 us
 of sender CPU a step with a 20 ms interval, 6-8 us with 0.1 s, 2.5 us with 1 s. The
-sidecar sees records at
-most one interval late, far below any scrape interval. Sending from the engine thread
-instead was measured too, and cost the engine thread what it saved here.
+sidecar sees records at most one interval late, far below any scrape interval. Sending
+from the engine thread instead was measured too, and cost the engine thread what it saved
+here.
 
 Bounded in bytes: a frame holds at most MAX_BATCH records and MAX_FRAME_BYTES, and the
 socket queues at most ``hwm`` frames, so a sidecar that stops reading holds at most
@@ -71,7 +71,7 @@ def take_batch(rec: Recorder) -> wire.Frame:
 
 
 def make_frame(rec: Recorder, first: int, items: list[bytes], cpu_ns: int = 0,
-               io_ns: int | None = None) -> wire.Frame:
+               io_ns: int = 0) -> wire.Frame:
     """The ring's records are encoded already: a frame is a list around them, its
     records msgspec.Raw (encoding the frame copies their bytes). ``cpu_ns``: the sender
     thread's CPU time so far, ``io_ns`` libzmq's threads' (``iothreads.IoCpu``)."""
@@ -79,7 +79,7 @@ def make_frame(rec: Recorder, first: int, items: list[bytes], cpu_ns: int = 0,
 
 
 def _frame(rec: Recorder, first: int, records: list[Any], cpu_ns: int,
-           io_ns: int | None) -> wire.Frame:
+           io_ns: int) -> wire.Frame:
     return wire.Frame(
         engine=rec.hello.engine,
         session=rec.hello.session,
@@ -88,7 +88,7 @@ def _frame(rec: Recorder, first: int, records: list[Any], cpu_ns: int,
         faults=rec.faults,
         records=records,
         sender_cpu_ns=cpu_ns,
-        io_cpu_ns=io_ns or 0,
+        io_cpu_ns=io_ns,
         ring_bytes=rec.pushed_bytes - rec.popped_bytes,
         ring_limit_bytes=rec.ring_bytes,
     )

@@ -13,6 +13,7 @@ from kvscope.sidecar.hub import Hub
 from kvscope.twin import TwinConfig, WorkloadSpec, generate
 from kvscope.twin.probed import ProbedTwin
 from kvscope_probe import calibrate, wire
+from tests.twin.streaming import stream
 
 pytestmark = pytest.mark.twin
 
@@ -95,35 +96,18 @@ def test_zmq_io_cpu_counts_the_probes_zmq_threads_and_not_vllms(tmp_path) -> Non
 
     import zmq
 
-    from kvscope.twin.engine import Twin
-    from kvscope_probe import iothreads, plugin, sender
-    from kvscope_probe.recorder import Recorder
+    from kvscope_probe import iothreads
 
-    assert plugin.enable(None)
-    twin = Twin(TwinConfig(num_blocks=256), seed=3)
-    rec = Recorder(twin.scheduler, ring_size=1 << 20, keyframe_interval_s=0.05)
-    plugin.bind(twin.scheduler, rec)
-    rec.push(rec.hello)
-    endpoint = f"ipc://{tmp_path}/probe.sock"
-    pull = zmq.Context.instance().socket(zmq.PULL)
-    pull.bind(endpoint)
-    snd = sender.Sender(rec, endpoint, flush_s=0.02)
-    snd.start()
-    try:
-        twin.run(generate(WorkloadSpec(n_requests=400, seed=3)), max_steps=100_000)
-    finally:
-        snd.stop_event.set()
-        snd.join(10)
-    frames = []
-    while pull.poll(500):
-        frames.append(wire.decode(pull.recv_multipart()))
+    run = stream(tmp_path, flush_s=0.02, keyframe_interval_s=0.05)
+    snd, frames = run.snd, run.frames
     io = [f.io_cpu_ns for f in frames]
     assert len(frames) > 10 and io == sorted(io) and io[-1] > 0
 
-    names = {}
-    for tid in iothreads.thread_ids():
+    def comm(tid: int | str) -> str:
         with open(f"/proc/self/task/{tid}/comm") as f:
-            names[tid] = f.read().strip()
+            return f.read().strip()
+
+    names = {tid: comm(tid) for tid in iothreads.thread_ids()}
     assert sorted(names.values()) == ["7135/ZMQbg/IO/0", "7135/ZMQbg/Reap"]
     assert set(snd.io_cpu.tids) == set(names)
 
@@ -132,8 +116,7 @@ def test_zmq_io_cpu_counts_the_probes_zmq_threads_and_not_vllms(tmp_path) -> Non
     a, b = other.socket(zmq.PUSH), other.socket(zmq.PULL)
     port = b.bind_to_random_port("tcp://127.0.0.1")
     a.connect(f"tcp://127.0.0.1:{port}")
-    theirs = [int(t) for t in os.listdir("/proc/self/task")
-              if open(f"/proc/self/task/{t}/comm").read().strip() == "ZMQbg/IO/0"]
+    theirs = [int(t) for t in os.listdir("/proc/self/task") if comm(t) == "ZMQbg/IO/0"]
     assert theirs and not set(theirs) & set(names)
 
     def their_cpu() -> int:
@@ -147,7 +130,6 @@ def test_zmq_io_cpu_counts_the_probes_zmq_threads_and_not_vllms(tmp_path) -> Non
     a.close(0)
     b.close(0)
     other.term()
-    pull.close(0)
     assert theirs1 - theirs0 > 10_000_000  # 200 MiB through their I/O thread
     assert probe1 - probe0 < (theirs1 - theirs0) / 100, (probe1 - probe0, theirs1 - theirs0)
 

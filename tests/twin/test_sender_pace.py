@@ -8,20 +8,16 @@ it can on this thread while a real ``Sender`` streams its records to a PULL sock
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
 from types import SimpleNamespace
 
 import pytest
 import zmq
 
-from kvscope.twin import TwinConfig, WorkloadSpec, generate
-from kvscope_probe import plugin, sender, wire
-from kvscope_probe.recorder import Recorder
+from kvscope_probe import sender
+from tests.twin.streaming import stream
 
 pytestmark = pytest.mark.twin
-
-Twin = pytest.importorskip("kvscope.twin.engine").Twin
 
 
 def test_a_frame_stops_at_its_byte_bound_and_always_carries_one_record() -> None:
@@ -39,30 +35,9 @@ def test_a_frame_stops_at_its_byte_bound_and_always_carries_one_record() -> None
 
 
 def test_the_sender_wakes_once_per_interval_whatever_the_step_rate(tmp_path) -> None:
-    assert plugin.enable(None)
-    twin = Twin(TwinConfig(num_blocks=256), seed=3)
-    rec = Recorder(twin.scheduler, ring_size=1 << 20, keyframe_interval_s=3600)
-    plugin.bind(twin.scheduler, rec)
-    rec.push(rec.hello)
-    endpoint = f"ipc://{tmp_path}/probe.sock"
-    pull = zmq.Context.instance().socket(zmq.PULL)
-    pull.bind(endpoint)
     flush_s = 0.1
-    snd = sender.Sender(rec, endpoint, flush_s=flush_s)
-    snd.start()
-    frames: list[wire.Frame] = []
-    try:
-        started = time.monotonic()
-        requests = generate(WorkloadSpec(n_requests=400, seed=3))
-        twin.run(requests, max_steps=100_000)
-        steps = rec.seq
-        busy_s = time.monotonic() - started
-    finally:
-        snd.stop_event.set()
-        snd.join(10)
-    while pull.poll(500):
-        frames.append(wire.decode(pull.recv_multipart()))
-    pull.close(0)
+    run = stream(tmp_path, flush_s=flush_s)
+    rec, snd, frames, steps, busy_s = run.rec, run.snd, run.frames, run.steps, run.busy_s
     got = [r for f in frames for r in f.records]
     assert len(got) == rec.seq and rec.ring_dropped == rec.send_dropped == 0
     assert [f.first_seq for f in frames] == sorted(f.first_seq for f in frames)
