@@ -17,7 +17,7 @@ SINK = "Sink {{ $labels.sink }} of the kvscope sidecar {{ $labels.instance }}"
 
 
 def probe_state(q: Promql, name: str) -> str:
-    """1 while the probe is in this state (kvscope.sidecar.presence)."""
+    """1 while the probe is in this state (kvscope.state.presence)."""
     return q.m("kvscope_probe_state", f'state="{name}"')
 
 

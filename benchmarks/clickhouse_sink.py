@@ -30,7 +30,7 @@ from _common import machine_noise
 
 from kvscope.sinks.options import DeliveryOptions
 from kvscope.store import arrow, query
-from kvscope.store.rows import RequestTrace, columns
+from kvscope.rows import RequestTrace, columns
 from kvscope.store.sink import ClickHouseSink
 
 

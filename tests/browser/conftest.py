@@ -24,8 +24,8 @@ from prometheus_client import CollectorRegistry
 from kvscope.layout.api import layout_router
 from kvscope.layout.sampler import LayoutSampler
 from kvscope.localvllm.server import free_port
-from kvscope.sidecar.app import create_app
-from kvscope.sidecar.hub import Hub
+from kvscope.sidecar.http.app import create_app
+from kvscope.state.hub import Hub
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",

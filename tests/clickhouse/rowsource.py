@@ -8,7 +8,7 @@ from typing import Any
 
 from clickhouse_connect.driver.exceptions import OperationalError
 
-from kvscope.store.rows import RequestTrace
+from kvscope.rows import RequestTrace
 
 
 def trace(i: int, ts: float | None = None) -> RequestTrace:

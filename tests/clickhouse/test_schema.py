@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from kvscope.store import schema
-from kvscope.store.rows import TABLES, columns
+from kvscope.rows import TABLES, columns
 
 pytestmark = pytest.mark.clickhouse
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kvscope.sidecar.hub import Hub
-from kvscope.sidecar.requests import RequestTracker
+from kvscope.state.hub import Hub
+from kvscope.state.requests import RequestTracker
 from kvscope.twin import TwinConfig, WorkloadSpec, generate
 from kvscope.twin.probed import ProbedTwin
 

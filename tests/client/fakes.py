@@ -102,7 +102,7 @@ class FakeOpenAIServer:
 
 
 def preempt_rate(rate: float, requests: int = 100, recommendation: str = "ok") -> dict[str, Any]:
-    """A sidecar answer in the shape of ``kvscope.sidecar.pressure.preempt_rate``."""
+    """A sidecar answer in the shape of ``kvscope.sidecar.http.pressure.preempt_rate``."""
     return {"window_s": 60.0, "preemption_rate": rate, "preemptions": round(rate * requests),
             "requests": requests, "free_block_ratio": 0.2, "waiting": 0, "engines": 1,
             "recommendation": recommendation}

@@ -23,8 +23,8 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
 
 from kvscope.client import AsyncKVScopeClient, ClientConfig, KVScopeClient
-from kvscope.sidecar.app import create_app
-from kvscope.sidecar.hub import Hub
+from kvscope.sidecar.http.app import create_app
+from kvscope.state.hub import Hub
 
 Seen = dict[str, list[tuple[float, dict[str, str]]]]
 

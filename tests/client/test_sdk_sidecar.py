@@ -8,7 +8,7 @@ import pytest
 
 from kvscope.client import APIStatusError, CircuitOpenError
 from kvscope.client.preempt_rate import parse_reading
-from kvscope.sidecar.pressure import preempt_rate as sidecar_preempt_rate
+from kvscope.sidecar.http.pressure import preempt_rate as sidecar_preempt_rate
 from tests.client.conftest import MakeHarness
 from tests.client.fakes import preempt_rate
 

@@ -6,7 +6,7 @@ refuses to start such a server instead: with ``--num-gpu-blocks-override 8`` (7 
 blocks of 32 tokens = 224 tokens) and ``--max-model-len 1024`` its start-up check raises
 before the scheduler, and so kvscope's probe, exists; no request can ever reach a queue it
 could not leave. This test pins that behaviour (it fails the day vLLM lets such a server
-start, and then the never-fits path of ``kvscope.sidecar.capacity`` is live: see
+start, and then the never-fits path of ``kvscope.state.capacity`` is live: see
 tests/unit/test_capacity.py and tests/twin/test_never_fits.py), and that the sidecar
 invents no engine for the server that never started.
 

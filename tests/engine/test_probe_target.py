@@ -34,7 +34,7 @@ import pytest
 
 from kvscope.load.mix import LoadSpec, run_load_sync
 from kvscope.localvllm.server import HOST, ServerSpec, VllmServer, free_port, live_group_pids
-from kvscope.sidecar.clients import caller_id
+from kvscope.state.clients import caller_id
 from kvscope_probe.middleware import request_key
 from tests.engine.conftest import EngineStack, SidecarProcess, running_stack
 from tests.engine.test_engine import (

@@ -27,7 +27,7 @@ from fastapi.testclient import TestClient
 from starlette.routing import Route
 
 from kvscope.localvllm.server import free_port
-from kvscope.sidecar import app as app_module
+from kvscope.sidecar.http import app as app_module
 from kvscope.sidecar.config import ServeConfig
 from kvscope.sidecar.server import Sidecar
 from tests.reliability.serveproc import ROOT, ServeProcess, clean_env

@@ -25,9 +25,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
-from kvscope.sidecar.bodylimit import MAX_BODY_BYTES
-from kvscope.sidecar.clients import ClientJoin
-from kvscope.sidecar.hashkey import Keyer
+from kvscope.sidecar.http.bodylimit import MAX_BODY_BYTES
+from kvscope.state.clients import ClientJoin
+from kvscope.state.hashkey import Keyer
 from kvscope_probe import wire
 from kvscope_probe.middleware import KVScopeMiddleware
 from tests.reliability.serveproc import ServeProcess, wait_until

@@ -25,7 +25,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
-from kvscope.sidecar.hashkey import KEY_FILE_NAME, Keyer, read_key
+from kvscope.state.hashkey import KEY_FILE_NAME, Keyer, read_key
 from kvscope.twin.workload import TOKEN_ID_MAX, TOKEN_ID_MIN, TwinRequest
 from kvscope_probe import plugin
 from kvscope_probe.middleware import KVScopeMiddleware, prompt_digest, sha256_hex

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from kvscope.sinks.base import SinkManager
 from kvscope.sinks.metrics import SinkCollector
 from kvscope.sinks.options import DeliveryOptions
-from kvscope.store.rows import table_of
+from kvscope.rows import table_of
 from kvscope.store.sink import ClickHouseSink
 from kvscope_probe import plugin
 from tests.reliability.serveproc import ServeProcess, wait_until

@@ -172,7 +172,7 @@ def test_health_probes_follow_the_contract(rendered: dict[str, list[Obj]]) -> No
     sidecar serves, without a token. No readiness probe on the sidecar: the pod's
     readiness is vLLM's own (/readyz needs a connected probe, and the probe connects on the
     first request, which a pod out of its Service never gets)."""
-    from kvscope.sidecar.app import OPEN_PATHS
+    from kvscope.sidecar.http.app import OPEN_PATHS
 
     for objs in rendered.values():
         c = containers(pod(objs))

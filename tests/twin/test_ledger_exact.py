@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvscope.sidecar.hub import Hub
+from kvscope.state.hub import Hub
 from kvscope.twin import TwinConfig, WorkloadSpec, generate
 from kvscope_probe import plugin, wire
 from kvscope_probe.recorder import Recorder

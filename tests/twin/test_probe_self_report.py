@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kvscope.sidecar.hub import Hub
+from kvscope.state.hub import Hub
 from kvscope.twin import TwinConfig, WorkloadSpec, generate
 from kvscope.twin.probed import ProbedTwin
 from kvscope_probe import calibrate, wire
@@ -63,7 +63,7 @@ def test_untimed_layers_are_counted_in_probe_ns(which: str) -> None:
 
 
 def _metric(hub: Any, name: str, **labels: str) -> float:
-    from kvscope.sidecar.metrics import KVScopeCollector
+    from kvscope.sidecar.exposition.metrics import KVScopeCollector
 
     for fam in KVScopeCollector(hub).collect():
         for s in fam.samples:

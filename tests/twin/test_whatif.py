@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from kvscope.store.rows import RequestTrace
+from kvscope.rows import RequestTrace
 from kvscope.twin import TwinConfig, TwinRequest, WorkloadSpec, generate
 from kvscope.whatif import chart
 from kvscope.whatif import cli as whatif

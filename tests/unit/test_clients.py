@@ -7,12 +7,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-from kvscope.sidecar.client_stats import LabelSlots
-from kvscope.sidecar.clients import MAX_SAME_KEY, ClientJoin, caller_id
-from kvscope.sidecar.hashkey import Keyer
-from kvscope.sidecar.hub import Hub
-from kvscope.sidecar.pressure import preempt_rate
-from kvscope.store.rows import ClientRequest, RequestTrace
+from kvscope.state.client_stats import LabelSlots
+from kvscope.state.clients import MAX_SAME_KEY, ClientJoin, caller_id
+from kvscope.state.hashkey import Keyer
+from kvscope.state.hub import Hub
+from kvscope.sidecar.http.pressure import preempt_rate
+from kvscope.rows import ClientRequest, RequestTrace
 from kvscope_probe import wire
 from kvscope_probe.middleware import request_key
 from tests.unit.test_hub import feed, keyframe

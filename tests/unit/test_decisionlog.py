@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from kvscope.decisions.log import TABLE, DecisionLog
 from kvscope.sinks.metrics import SinkCollector
-from kvscope.store.rows import SchedulerDecision
+from kvscope.rows import SchedulerDecision
 
 
 def decision(i: int) -> SchedulerDecision:

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvscope.sidecar.gpu import GpuReader
+from kvscope.sidecar.exposition.gpu import GpuReader
 
 
 def test_without_a_gpu_the_reader_reports_nothing_and_says_why_once(

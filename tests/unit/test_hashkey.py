@@ -9,7 +9,7 @@ import pytest
 
 from kvscope.errors import ConfigError
 from kvscope.sidecar.config import ServeConfig
-from kvscope.sidecar.hashkey import KEY_FILE_NAME, Keyer, load_or_create, read_key
+from kvscope.state.hashkey import KEY_FILE_NAME, Keyer, load_or_create, read_key
 
 
 def test_generated_once_private_and_kept(tmp_path: Path) -> None:

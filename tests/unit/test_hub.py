@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from kvscope.sidecar.hub import Hub
+from kvscope.state.hub import Hub
 from kvscope_probe import wire
 from tests.unit.test_wire import frame, hello, step
 

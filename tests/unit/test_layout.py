@@ -10,7 +10,7 @@ import numpy as np
 from kvscope.layout.history import layout_rows
 from kvscope.layout.sampler import LayoutSampler, decode_runs, encode_runs
 from kvscope.layout.snapshot import fragments
-from kvscope.sidecar.hub import Hub
+from kvscope.state.hub import Hub
 from kvscope_probe import wire
 from tests.unit.test_hub import feed
 from tests.unit.test_wire import hello, step

@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry
 
 from kvscope.layout.api import layout_router
 from kvscope.layout.sampler import LayoutSampler
-from kvscope.sidecar.app import create_app
-from kvscope.sidecar.hub import Hub
+from kvscope.sidecar.http.app import create_app
+from kvscope.state.hub import Hub
 from kvscope_probe import wire
 from tests.unit.test_hub import feed
 from tests.unit.test_layout import C, F, N, U, pool

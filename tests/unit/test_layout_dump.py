@@ -25,7 +25,7 @@ from kvscope.layout import png as layout_png
 from kvscope.layout.api import layout_router
 from kvscope.layout.sampler import LayoutSampler
 from kvscope.localvllm.server import free_port
-from kvscope.sidecar.app import create_app
+from kvscope.sidecar.http.app import create_app
 from tests.unit.test_layout import C, F, N, U, pool
 from tests.unit.test_layout_api import SCHEMA
 

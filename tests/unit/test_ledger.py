@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvscope.sidecar.ledger import Ledger
+from kvscope.state.ledger import Ledger
 from kvscope_probe import wire
 from tests.unit.test_wire import hello, step
 

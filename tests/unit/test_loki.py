@@ -14,7 +14,7 @@ from fastapi import FastAPI, Request, Response
 from kvscope.decisions.loki import LokiSink, push_payload
 from kvscope.localvllm.server import free_port
 from kvscope.sinks.options import DeliveryOptions
-from kvscope.store.rows import SchedulerDecision
+from kvscope.rows import SchedulerDecision
 
 
 def decision(i: int, event: str = "preempt", engine: str = "0") -> SchedulerDecision:

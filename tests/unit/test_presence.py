@@ -14,9 +14,9 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
-from kvscope.sidecar.app import create_app
-from kvscope.sidecar.hub import Hub
-from kvscope.sidecar.metrics import KVScopeCollector
+from kvscope.sidecar.http.app import create_app
+from kvscope.state.hub import Hub
+from kvscope.sidecar.exposition.metrics import KVScopeCollector
 from kvscope_probe import identity, wire
 from tests.unit.test_wire import hello, step
 
@@ -170,7 +170,7 @@ def test_a_hello_of_an_older_probe_decodes_with_no_identity() -> None:
 
 
 def test_reconciliation_picks_the_server_at_the_vllm_url() -> None:
-    from kvscope.sidecar.vllm_metrics import VllmScraper, parse
+    from kvscope.sidecar.exposition.vllm_metrics import VllmScraper, parse
     from tests.unit.test_vllm_metrics import TEXT  # vLLM's engine "0": 25 preemptions
 
     hub = Hub()

@@ -143,7 +143,7 @@ def resolve(name: str, previous: str, live: set[str]) -> list[str]:
 def test_the_readme_metrics_table_is_the_live_registry(tmp_path: Path) -> None:
     """Every name the README lists is exported, with the labels it states; every sample
     the sidecar exports is listed, its labels among those its row states."""
-    from kvscope.sidecar.gpu import GpuReader
+    from kvscope.sidecar.exposition.gpu import GpuReader
 
     live = live_samples(tmp_path)
     gpu = GpuReader().available

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvscope.redact import safe_url
-from kvscope.sidecar.vllm_metrics import parse
+from kvscope.sidecar.exposition.vllm_metrics import parse
 
 # ruff: noqa: E501 - exposition lines are kept verbatim
 

@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from typing import IO, Any
 
 from kvscope.sinks.base import SinkStats
-from kvscope.store.rows import SchedulerDecision
+from kvscope.rows import SchedulerDecision
 
 log = logging.getLogger("kvscope.sinks")
 

@@ -22,7 +22,7 @@ import httpx
 
 from kvscope.demo.live import Scrape, Trend
 from kvscope.demo.workload import PREEMPT_RATE_WINDOW_S, Tally, Workload
-from kvscope.store.rows import TABLES
+from kvscope.rows import TABLES
 
 QUERIES = ("hourly_preemptions", "blocks_needed_vs_free", "preemption_rate_by_client",
            "duplicate_submissions", "tail_waste_by_prompt_len")

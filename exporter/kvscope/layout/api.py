@@ -20,9 +20,9 @@ from fastapi.responses import HTMLResponse
 
 from kvscope.layout.sampler import LayoutSampler, Point, Snapshot
 from kvscope.layout.snapshot import STATE_NAMES
-from kvscope.sidecar.capacity import head_fit
-from kvscope.sidecar.engine import EngineState
-from kvscope.sidecar.hub import Hub
+from kvscope.state.capacity import head_fit
+from kvscope.state.engine import EngineState
+from kvscope.state.hub import Hub
 from kvscope.times import epoch_seconds
 
 MAX_RUNS = 200_000

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from kvscope.layout.snapshot import GroupTable, Owner, Snapshot, decode_runs, encode_runs
-from kvscope.store.rows import LayoutSnapshotRow
+from kvscope.rows import LayoutSnapshotRow
 from kvscope_probe import wire
 
 COLUMNS = ("ts, model, engine, session, step, num_blocks, free_blocks, cached_blocks, "
@@ -27,7 +27,7 @@ def layout_rows(snap: Snapshot) -> list[dict[str, Any]]:
     1-based as ClickHouse arrays are: 0 none, i means ``owner_req_ids[i]``;
     ``owner_group_runs`` holds, per owner and group, its table's runs flattened (first,
     length, first, length, ...). ``ts`` is epoch
-    seconds (float) as in ``kvscope.store.rows``; the writer makes it a DateTime64."""
+    seconds (float) as in ``kvscope.rows``; the writer makes it a DateTime64."""
     states, owner, group = decode_runs(snap.runs)
     return [{
         "ts": snap.ts,

@@ -22,7 +22,7 @@ from kvscope.layout.snapshot import (
     decode_runs,
     encode_runs,
 )
-from kvscope.sidecar.hub import Hub
+from kvscope.state.hub import Hub
 
 __all__ = ["LayoutSampler", "Owner", "Point", "Snapshot", "decode_runs", "encode_runs"]
 

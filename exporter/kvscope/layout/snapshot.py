@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from kvscope.sidecar.engine import EngineState
+from kvscope.state.engine import EngineState
 from kvscope_probe import wire
 from kvscope_probe.identity import engine_key
 

@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from kvscope.store.rows import table_of
+from kvscope.rows import table_of
 
 log = logging.getLogger("kvscope.sinks")
 

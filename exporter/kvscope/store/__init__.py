@@ -1,3 +1,6 @@
 """Layer 2, ClickHouse: the schema (``clickhouse/schema/*.sql``, applied by ``schema``), the
-rows (``rows``, encoded by ``arrow``), the sink that writes them (``sink``, through
-``kvscope.sinks.delivery``) and the saved queries (``clickhouse/queries``, run by ``query``)."""
+sink that writes the rows of ``kvscope.rows`` (``sink``, encoded by ``arrow``, through
+``kvscope.sinks.delivery``) and the saved queries (``clickhouse/queries``, run by ``query``).
+
+It may import ``kvscope.rows``, ``kvscope.sinks`` and the shared helpers; not the state,
+the sidecar or anything above."""

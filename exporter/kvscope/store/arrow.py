@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from kvscope.store.rows import TABLES
+from kvscope.rows import TABLES
 
 TIMESTAMP = pa.timestamp("ms", tz="UTC")
 _TYPES = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": pa.bool_(),

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvscope.sidecar.engine import EngineState
-from kvscope.sidecar.hub import Hub
+from kvscope.state.engine import EngineState
+from kvscope.state.hub import Hub
 from kvscope.twin.config import TwinConfig
 from kvscope_probe import plugin, wire
 from kvscope_probe.recorder import Recorder

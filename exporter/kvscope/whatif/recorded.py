@@ -72,7 +72,7 @@ def has_outcomes(records: Sequence[dict[str, Any]]) -> bool:
 def outcome_records(rows: Iterable[Any]) -> list[dict[str, Any]]:
     """``replay_traffic`` records from RequestTrace and RequestEvent rows, in the query's
     order (arrival step, then the order the scheduler queued the step's arrivals)."""
-    from kvscope.store.rows import RequestEvent, RequestTrace
+    from kvscope.rows import RequestEvent, RequestTrace
 
     steps: dict[str, dict[str, Any]] = {}
     traces: list[RequestTrace] = []

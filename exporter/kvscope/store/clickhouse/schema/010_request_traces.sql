@@ -1,4 +1,4 @@
--- Layer 2: one row per request when it ends (kvscope.store.rows.RequestTrace).
+-- Layer 2: one row per request when it ends (kvscope.rows.RequestTrace).
 -- Placeholders: {database}, {ttl_days}. Sentinels, not NULL: -1 unknown count or time,
 -- '' unknown string. Times are the engine's clock, stored in milliseconds (UTC).
 -- kvscope:sharding_key cityHash64(request_id)

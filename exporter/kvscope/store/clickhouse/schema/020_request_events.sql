@@ -1,5 +1,5 @@
 -- Layer 2: one row per lifecycle event of a request: queued, admitted, allocated,
--- preempted, resumed, finished, aborted (kvscope.store.rows.RequestEvent).
+-- preempted, resumed, finished, aborted (kvscope.rows.RequestEvent).
 -- Placeholders: {database}, {ttl_days}. Ordered by request so one request's story is
 -- a narrow range read.
 -- kvscope:sharding_key cityHash64(request_id)

@@ -1,5 +1,5 @@
 -- Layer 4 in ClickHouse: preempt, admission_blocked, resume, finish and abort decisions
--- with the facts that let anyone check the cause (kvscope.store.rows.SchedulerDecision).
+-- with the facts that let anyone check the cause (kvscope.rows.SchedulerDecision).
 -- Placeholders: {database}, {ttl_days}.
 -- kvscope:sharding_key cityHash64(request_id)
 CREATE TABLE IF NOT EXISTS {database}.scheduler_decisions

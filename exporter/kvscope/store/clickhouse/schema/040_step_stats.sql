@@ -1,5 +1,5 @@
 -- Layer 1 at one-second grain: budget vs blocks per engine-second
--- (kvscope.store.rows.StepStat). Placeholders: {database}, {ttl_days}.
+-- (kvscope.rows.StepStat). Placeholders: {database}, {ttl_days}.
 CREATE TABLE IF NOT EXISTS {database}.step_stats
 (
     ts                      DateTime64(3, 'UTC') CODEC(Delta, ZSTD(1)),

@@ -1,5 +1,5 @@
 -- Layer 5: one row per API request the middleware saw answered, joined to the engine's
--- request IDs (kvscope.store.rows.ClientRequest). No engine column: one API request may
+-- request IDs (kvscope.rows.ClientRequest). No engine column: one API request may
 -- fan out to several engine requests (engine_request_ids). ts is the API server's clock.
 -- Placeholders: {database}, {ttl_days}.
 -- kvscope:sharding_key cityHash64(request_id)

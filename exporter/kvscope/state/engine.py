@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvscope.sidecar.ledger import Ledger
+from kvscope.state.ledger import Ledger
 from kvscope_probe import wire
 from kvscope_probe.identity import engine_key
 
@@ -87,7 +87,7 @@ class EngineState:
         self.server = hello.server
         """Server label; the hub adds ``#<pid>`` when another live probe holds the identity."""
         self.key = engine_key(hello.server, hello.engine)
-        """Unique name of this engine in the sidecar (set by kvscope.sidecar.hub)."""
+        """Unique name of this engine in the sidecar (set by kvscope.state.hub)."""
         self.ledger = Ledger(hello.num_blocks, [g.block_size for g in hello.kv_groups])
         self.counters = Counters()
         self.extremes = Extremes()

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from kvscope.sidecar.engine import EngineState
+from kvscope.state.engine import EngineState
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Layers 2 and 4: per-request traces, lifecycle events, decisions and per-second rollups.
 
 A ``RequestTracker`` listens to EngineState events (it runs on the receiver thread, after
-the ledger has applied each step) and emits rows from ``kvscope.store.rows`` to one
+the ledger has applied each step) and emits rows from ``kvscope.rows`` to one
 callable. It keeps a little state per live request (``request_tables.Live``), bounded:
 requests whose end never arrives (a gap) are evicted oldest first and counted. The
 per-second rollups and admission decisions are ``rollups.Rollups``.
@@ -13,10 +13,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from kvscope.sidecar.engine import EngineState, PreemptionSeen
-from kvscope.sidecar.request_tables import Live, extend_table, set_table
-from kvscope.sidecar.rollups import Rollups
-from kvscope.store.rows import RequestEvent, RequestTrace, SchedulerDecision
+from kvscope.state.engine import EngineState, PreemptionSeen
+from kvscope.state.request_tables import Live, extend_table, set_table
+from kvscope.state.rollups import Rollups
+from kvscope.rows import RequestEvent, RequestTrace, SchedulerDecision
 from kvscope_probe import wire
 
 Emit = Callable[[Any], None]

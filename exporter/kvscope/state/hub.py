@@ -23,8 +23,8 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 
-from kvscope.sidecar.engine import EngineState, Listener
-from kvscope.sidecar.presence import CONNECTED, Presence
+from kvscope.state.engine import EngineState, Listener
+from kvscope.state.presence import CONNECTED, Presence
 from kvscope_probe import wire
 from kvscope_probe.identity import engine_key
 
@@ -185,7 +185,7 @@ class Hub:
         self.presence.pop(state.hello.session, None)
 
     def state_of(self, state: EngineState) -> str:
-        """active, idle, silent or gone (kvscope.sidecar.presence)."""
+        """active, idle, silent or gone (kvscope.state.presence)."""
         return self.presence[state.hello.session].state(self.health_timeout_s)
 
     def tick(self) -> None:

@@ -10,8 +10,8 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from kvscope.sidecar.hub import Hub
-from kvscope.sidecar.presence import CONNECTED
+from kvscope.state.hub import Hub
+from kvscope.state.presence import CONNECTED
 
 
 def readiness(hub: Hub) -> tuple[bool, list[dict[str, Any]]]:

@@ -6,7 +6,7 @@ work. A stalled Hub (a slow scrape holding its lock) therefore never makes ZMQ b
 without bound: while the queue is full, arriving frames are refused and counted
 (``buffer_full``), and the engine's ledger resynchronises at its next keyframe.
 
-tcp endpoints are CURVE servers (``kvscope.sidecar.auth``); ipc endpoints rely on the
+tcp endpoints are CURVE servers (``kvscope.sidecar.ingest.auth``); ipc endpoints rely on the
 socket file's permissions: 0600, in a directory created 0700.
 """
 
@@ -22,8 +22,8 @@ from typing import Any
 
 import zmq
 
-from kvscope.sidecar.auth import CurveGate
-from kvscope.sidecar.hub import Hub
+from kvscope.sidecar.ingest.auth import CurveGate
+from kvscope.state.hub import Hub
 from kvscope_probe.transport import curve_keys, requires_auth
 
 log = logging.getLogger("kvscope.sidecar")
