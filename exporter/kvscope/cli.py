@@ -10,65 +10,11 @@ from kvscope import __version__
 from kvscope.errors import ConfigError
 from kvscope.layout import dump as layout_dump
 from kvscope.load import cli as loadgen
-from kvscope.sidecar.config import ENV, from_sources
+from kvscope.settings import add_flags
+from kvscope.sidecar.config import from_sources
 from kvscope.store import query, schema
 from kvscope.twin.config import LAYOUTS, TwinConfig
 from kvscope.whatif import cli as whatif
-
-
-def _serve_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--endpoint",
-        dest="endpoints",
-        action="append",
-        help=f"ZMQ endpoint probes connect to, repeatable [{ENV['endpoints']}]",
-    )
-    p.add_argument("--host", help=f"HTTP bind address, default 127.0.0.1 [{ENV['host']}]")
-    p.add_argument("--port", type=int, help=f"HTTP port, default 9477 [{ENV['port']}]")
-    p.add_argument(
-        "--health-timeout",
-        dest="health_timeout_s",
-        type=float,
-        help=f"seconds without records or heartbeats before a probe is silent (/readyz "
-             f"fails) [{ENV['health_timeout_s']}]",
-    )
-    p.add_argument(
-        "--vllm-url", help=f"also scrape this vLLM server's /metrics [{ENV['vllm_url']}]"
-    )
-    p.add_argument(
-        "--vllm-scrape-interval",
-        dest="vllm_scrape_interval_s",
-        type=float,
-        help=f"seconds between scrapes of vLLM [{ENV['vllm_scrape_interval_s']}]",
-    )
-    p.add_argument("--token", help=f"bearer token for every route but /healthz and /readyz "
-                                   f"[{ENV['token']}]")
-    p.add_argument("--log-level", help=f"debug, info, warning or error [{ENV['log_level']}]")
-    p.add_argument("--decision-log",
-                   help=f"decision log file, '-' for stdout, 'off' [{ENV['decision_log']}]")
-    p.add_argument("--clickhouse-dsn",
-                   help=f"http(s)://..., chdb:///path or off; default embedded chDB in the "
-                        f"data dir [{ENV['clickhouse_dsn']}]")
-    p.add_argument("--clickhouse-ttl-days", type=int,
-                   help=f"days ClickHouse keeps rows, default 30 [{ENV['clickhouse_ttl_days']}]")
-    p.add_argument("--data-dir", help=f"embedded store and spool [{ENV['data_dir']}]")
-    p.add_argument("--loki-url", help=f"also push decisions to this Loki [{ENV['loki_url']}]")
-    p.add_argument("--loki-tenant", help=f"X-Scope-OrgID for Loki [{ENV['loki_tenant']}]")
-    p.add_argument("--layout-interval", dest="layout_interval_s", type=float,
-                   help=f"seconds between layout samples [{ENV['layout_interval_s']}]")
-    p.add_argument("--tls-cert", help=f"PEM certificate: serve HTTPS [{ENV['tls_cert']}]")
-    p.add_argument("--tls-key", help=f"PEM private key of --tls-cert [{ENV['tls_key']}]")
-    p.add_argument("--hash-key-file",
-                   help=f"secret keying prompt and API-key hashes [{ENV['hash_key_file']}]")
-    p.add_argument("--probe-secret-file",
-                   help=f"file holding the probe secret that tcp endpoints require (or set "
-                        f"{ENV['probe_secret']}) [{ENV['probe_secret_file']}]")
-    p.add_argument("--receive-buffer-bytes", type=int,
-                   help=f"bytes of received frames held for ingestion, default 256 MiB "
-                        f"[{ENV['receive_buffer_bytes']}]")
-    p.add_argument("--decision-log-max-bytes", type=int,
-                   help=f"rotate the decision log file at this size "
-                        f"[{ENV['decision_log_max_bytes']}]")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the sidecar: receive probe records, serve /metrics")
-    _serve_args(serve)
+    add_flags(serve)
 
     demo = sub.add_parser(
         "demo", help="every layer live in one command, no GPU: an engine, the probe, the "

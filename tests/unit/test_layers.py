@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2] / "exporter"
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("helpers", ("kvscope", "kvscope.errors", "kvscope.times", "kvscope.redact",
+    ("helpers", ("kvscope", "kvscope.errors", "kvscope.times", "kvscope.redact", "kvscope.settings",
                  "kvscope.procs", "kvscope.http", "kvscope.models")),
     ("rows", ("kvscope.rows",)),
     ("state", ("kvscope.state",)),

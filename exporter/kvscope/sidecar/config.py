@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import tempfile
 from dataclasses import dataclass, field, fields
 from typing import Any
 from urllib.parse import urlsplit
 
 from kvscope.errors import ConfigError
+from kvscope.settings import BY_NAME, SETTINGS, default, store_dsn
 from kvscope_probe.transport import (
     ENV_SECRET,
     ENV_SECRET_FILE,
@@ -25,68 +25,33 @@ MIN_HEALTH_TIMEOUT_S = 4.0
 """Twice kvscope_probe.sender.HEARTBEAT_S."""
 
 
-def default_data_dir() -> str:
-    """Where the embedded store lives: $XDG_DATA_HOME/kvscope or ~/.local/share/kvscope."""
-    base = os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share")
-    return os.path.join(os.path.abspath(base), "kvscope")
-
-
-def default_endpoint() -> str:
-    """A per-user ipc socket; the probe connects where the sidecar binds."""
-    return f"ipc://{tempfile.gettempdir()}/kvscope-{os.getuid()}/probe.sock"
-
-
 @dataclass(frozen=True)
 class ServeConfig:
-    endpoints: tuple[str, ...] = field(default_factory=lambda: (default_endpoint(),))
-    """ZMQ endpoints to bind for probes (env KVSCOPE_PROBE_ENDPOINT, comma-separated)."""
-    host: str = "127.0.0.1"
-    """HTTP bind address (env KVSCOPE_HOST)."""
-    port: int = 9477
-    """HTTP port (env KVSCOPE_PORT)."""
-    health_timeout_s: float = 30.0
-    """A probe heard from (records or heartbeats) within this long is connected; /readyz
-    fails while one is silent longer (env KVSCOPE_HEALTH_TIMEOUT_S)."""
-    vllm_url: str | None = None
-    """vLLM server to scrape for coarse metrics and reconciliation (env KVSCOPE_VLLM_URL)."""
-    vllm_scrape_interval_s: float = 5.0
-    """Seconds between scrapes of vLLM's /metrics (env KVSCOPE_VLLM_SCRAPE_INTERVAL_S)."""
-    token: str | None = field(default=None, repr=False)
-    """Bearer token required on every route but /healthz (env KVSCOPE_TOKEN)."""
-    log_level: str = "info"
-    """Log level (env KVSCOPE_LOG_LEVEL)."""
-    decision_log: str = "-"
-    """Decision log: a file path (rotated), "-" for stdout, "off" (env KVSCOPE_DECISION_LOG)."""
-    decision_log_max_bytes: int = 50 << 20
-    """Rotate the decision log file at this size (env KVSCOPE_DECISION_LOG_MAX_BYTES)."""
-    clickhouse_dsn: str | None = field(default=None, repr=False)
-    """ClickHouse: http(s)://user:pass@host:port/db, chdb:///path, or "off"; default the
-    embedded chDB under the data directory (env KVSCOPE_CLICKHOUSE_DSN)."""
-    clickhouse_ttl_days: int = 30
-    """Days ClickHouse keeps rows (env KVSCOPE_CLICKHOUSE_TTL_DAYS)."""
-    data_dir: str = field(default_factory=default_data_dir)
-    """Embedded chDB store and its spool (env KVSCOPE_DATA_DIR)."""
-    loki_url: str | None = field(default=None, repr=False)
-    """Also push decisions to Loki's HTTP API at this base URL (env KVSCOPE_LOKI_URL)."""
-    loki_tenant: str | None = None
-    """X-Scope-OrgID for a multi-tenant Loki (env KVSCOPE_LOKI_TENANT)."""
-    layout_interval_s: float = 1.0
-    """Seconds between block-layout samples per engine (env KVSCOPE_LAYOUT_INTERVAL_S)."""
-    tls_cert: str | None = None
-    """PEM certificate (chain): serve HTTPS instead of HTTP (env KVSCOPE_TLS_CERT)."""
-    tls_key: str | None = field(default=None, repr=False)
-    """PEM private key of that certificate (env KVSCOPE_TLS_KEY)."""
-    hash_key_file: str | None = None
-    """Secret that keys prompt and API-key hashes; default ``<data dir>/hash.key``,
-    generated when absent (env KVSCOPE_HASH_KEY_FILE)."""
-    probe_secret: str | None = field(default=None, repr=False)
-    """Shared secret of probes and sidecar; tcp endpoints require it (CURVE keys derive from
-    it). Environment only, never a flag (env KVSCOPE_PROBE_SECRET)."""
-    probe_secret_file: str | None = None
-    """File holding that secret (env KVSCOPE_PROBE_SECRET_FILE)."""
-    receive_buffer_bytes: int = 256 << 20
-    """Bytes of received frames held for ingestion; more are refused and counted
-    (env KVSCOPE_RECEIVE_BUFFER_BYTES)."""
+    """``kvscope serve``'s settings; what each means, its variable, flag and default are in
+    ``kvscope.settings.SETTINGS``."""
+
+    endpoints: tuple[str, ...] = field(default_factory=lambda: default("endpoints"))
+    host: str = default("host")
+    port: int = default("port")
+    health_timeout_s: float = default("health_timeout_s")
+    vllm_url: str | None = default("vllm_url")
+    vllm_scrape_interval_s: float = default("vllm_scrape_interval_s")
+    token: str | None = field(default=default("token"), repr=False)
+    log_level: str = default("log_level")
+    decision_log: str = default("decision_log")
+    decision_log_max_bytes: int = default("decision_log_max_bytes")
+    clickhouse_dsn: str | None = field(default=default("clickhouse_dsn"), repr=False)
+    clickhouse_ttl_days: int = default("clickhouse_ttl_days")
+    data_dir: str = field(default_factory=lambda: default("data_dir"))
+    loki_url: str | None = field(default=default("loki_url"), repr=False)
+    loki_tenant: str | None = default("loki_tenant")
+    layout_interval_s: float = default("layout_interval_s")
+    tls_cert: str | None = default("tls_cert")
+    tls_key: str | None = field(default=default("tls_key"), repr=False)
+    hash_key_file: str | None = default("hash_key_file")
+    probe_secret: str | None = field(default=default("probe_secret"), repr=False)
+    probe_secret_file: str | None = default("probe_secret_file")
+    receive_buffer_bytes: int = default("receive_buffer_bytes")
 
     def secret(self) -> bytes | None:
         """The probe secret from its value or file (raises TransportError when unusable)."""
@@ -95,9 +60,7 @@ class ServeConfig:
 
     def store_dsn(self) -> str | None:
         """The ClickHouse DSN to write to, None when the store is off."""
-        if self.clickhouse_dsn == "off":
-            return None
-        return self.clickhouse_dsn or f"chdb://{os.path.join(self.data_dir, 'chdb')}"
+        return store_dsn(self.clickhouse_dsn, self.data_dir)
 
     def validate(self) -> None:
         errors: list[str] = []
@@ -166,30 +129,8 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-ENV = {
-    "endpoints": "KVSCOPE_PROBE_ENDPOINT",
-    "host": "KVSCOPE_HOST",
-    "port": "KVSCOPE_PORT",
-    "health_timeout_s": "KVSCOPE_HEALTH_TIMEOUT_S",
-    "vllm_url": "KVSCOPE_VLLM_URL",
-    "vllm_scrape_interval_s": "KVSCOPE_VLLM_SCRAPE_INTERVAL_S",
-    "token": "KVSCOPE_TOKEN",
-    "log_level": "KVSCOPE_LOG_LEVEL",
-    "decision_log": "KVSCOPE_DECISION_LOG",
-    "decision_log_max_bytes": "KVSCOPE_DECISION_LOG_MAX_BYTES",
-    "clickhouse_dsn": "KVSCOPE_CLICKHOUSE_DSN",
-    "clickhouse_ttl_days": "KVSCOPE_CLICKHOUSE_TTL_DAYS",
-    "data_dir": "KVSCOPE_DATA_DIR",
-    "layout_interval_s": "KVSCOPE_LAYOUT_INTERVAL_S",
-    "loki_url": "KVSCOPE_LOKI_URL",
-    "loki_tenant": "KVSCOPE_LOKI_TENANT",
-    "tls_cert": "KVSCOPE_TLS_CERT",
-    "tls_key": "KVSCOPE_TLS_KEY",
-    "hash_key_file": "KVSCOPE_HASH_KEY_FILE",
-    "probe_secret": ENV_SECRET,
-    "probe_secret_file": ENV_SECRET_FILE,
-    "receive_buffer_bytes": "KVSCOPE_RECEIVE_BUFFER_BYTES",
-}
+ENV = {s.name: s.env for s in SETTINGS}
+"""Each setting's environment variable."""
 
 
 def from_sources(cli: dict[str, Any], env: dict[str, str] | None = None) -> ServeConfig:
@@ -216,11 +157,6 @@ def from_sources(cli: dict[str, Any], env: dict[str, str] | None = None) -> Serv
 
 
 def _convert(name: str, typ: Any, raw: Any) -> Any:
-    if name == "endpoints":
-        items = raw.split(",") if isinstance(raw, str) else list(raw)
-        return tuple(i.strip() for i in items if i.strip())
-    if "int" in str(typ):
-        return int(raw)
-    if "float" in str(typ):
-        return float(raw)
+    if name == "endpoints" or BY_NAME[name].type in (int, float):
+        return BY_NAME[name].type(raw)
     return str(raw)

@@ -20,20 +20,19 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any
 
+from kvscope.settings import BY_NAME, env_store_dsn
 from kvscope.store import schema
 
-ENV_DSN = "KVSCOPE_CLICKHOUSE_DSN"
+ENV_DSN = BY_NAME["clickhouse_dsn"].env
+ENV_DATA_DIR = BY_NAME["data_dir"].env
 _PARAM = re.compile(r"\{(\w+):([^{}]+)\}")
 _DEFAULT = re.compile(r"^--[ \t]*@param[ \t]+(\w+)[ \t]*=[ \t]*(\S+)", re.MULTILINE)
 FORMATS = ("table", "csv", "json")
 
 
 def default_dsn() -> str:
-    """KVSCOPE_CLICKHOUSE_DSN, else the embedded chDB directory kvscope uses by default."""
-    if os.environ.get(ENV_DSN):
-        return os.environ[ENV_DSN]
-    data = os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share")
-    return f"chdb://{os.path.join(os.path.abspath(data), 'kvscope', 'chdb')}"
+    """The store ``kvscope serve`` writes with this environment (``kvscope.settings``)."""
+    return env_store_dsn() or "off"
 
 
 @dataclass(frozen=True)
@@ -132,7 +131,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="query parameter, repeatable (defaults are in the query's header)")
     p.add_argument("--format", choices=FORMATS, default="table")
     p.add_argument("--dsn", help=f"http(s)://... or chdb:///path [{ENV_DSN}, else the "
-                                 "embedded store kvscope serve uses by default]")
+                                 f"embedded store under {ENV_DATA_DIR}, as kvscope serve]")
     p.add_argument("--database", help="database (default: the DSN's, else kvscope)")
     return p
 
