@@ -22,7 +22,11 @@ from typing import Any
 import httpx
 import psutil
 
-DEFAULT_URL = "http://127.0.0.1:9477"
+from kvscope.settings import BY_NAME, default
+
+DEFAULT_URL = f"http://{default('host')}:{default('port')}"
+"""Where ``kvscope serve`` listens by default (``kvscope.settings``)."""
+TOKEN_ENV = BY_NAME["token"].env
 FORMAT = "kvscope-layout-dump/1"
 
 
@@ -45,8 +49,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--engine", help="only this engine (its key, or its engine label)")
     p.add_argument("--history", type=float, default=600.0,
                    help="seconds of timeline to include (default 600; 0 for none)")
-    p.add_argument("--token", default=os.environ.get("KVSCOPE_TOKEN"),
-                   help="bearer token of the sidecar [KVSCOPE_TOKEN]")
+    p.add_argument("--token", default=os.environ.get(TOKEN_ENV),
+                   help=f"bearer token of the sidecar [{TOKEN_ENV}]")
     p.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout in seconds")
     return p
 
