@@ -28,9 +28,9 @@ from typing import Any
 
 from _common import machine_noise
 
+from kvscope.rows import RequestTrace, columns
 from kvscope.sinks.options import DeliveryOptions
 from kvscope.store import arrow, query
-from kvscope.rows import RequestTrace, columns
 from kvscope.store.sink import ClickHouseSink
 
 

@@ -202,8 +202,8 @@ def time_ingest(streams: list[list[list[bytes]]], n_steps: int, reps: int
     and the /metrics p50 / p99 (ms) over the 8 engines it left, from the last rep."""
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from kvscope.state.hub import Hub
     from kvscope.sidecar.exposition.metrics import KVScopeCollector
+    from kvscope.state.hub import Hub
     from kvscope.state.requests import RequestTracker
 
     best = float("inf")

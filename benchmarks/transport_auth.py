@@ -23,8 +23,8 @@ from pathlib import Path
 from _common import median
 
 from kvscope.localvllm.server import free_port
-from kvscope.state.hub import Hub
 from kvscope.sidecar.ingest.receiver import Receiver
+from kvscope.state.hub import Hub
 from kvscope_probe import transport, wire
 
 SECRET = b"benchmark-secret-0123456789abcdef"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from kvscope.rows import ClientRequest
 from kvscope.state.clients import ClientJoin
 from kvscope.state.hashkey import Keyer
 from kvscope.store import arrow, query, schema
-from kvscope.rows import ClientRequest
 from kvscope_probe import wire
 from tests.unit.test_clients import start, trace
 

@@ -14,11 +14,11 @@ import pytest
 from clickhouse_connect.driver.exceptions import OperationalError
 from prometheus_client import CollectorRegistry
 
+from kvscope.rows import RequestTrace
 from kvscope.sinks.base import SinkManager
 from kvscope.sinks.metrics import SinkCollector
 from kvscope.sinks.spool import Spool, SpooledBatch
 from kvscope.store import arrow
-from kvscope.rows import RequestTrace
 from kvscope.store.sink import ClickHouseSink, Target
 from tests.clickhouse.conftest import FAST, clickhouse_connect, count
 from tests.clickhouse.rowsource import SwitchableStore, trace

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
+from kvscope.rows import RequestTrace, SchedulerDecision
 from kvscope.sinks.base import SinkManager
 from kvscope.store import query, schema
-from kvscope.rows import RequestTrace, SchedulerDecision
 from kvscope.store.sink import ClickHouseSink
 from tests.clickhouse.conftest import FAST, clickhouse_connect, count, database_name
 from tests.clickhouse.twinrun import BLOCK_SIZE

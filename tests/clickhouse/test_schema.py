@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from kvscope.store import schema
 from kvscope.rows import TABLES, columns
+from kvscope.store import schema
 
 pytestmark = pytest.mark.clickhouse
 

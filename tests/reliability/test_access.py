@@ -27,8 +27,8 @@ from fastapi.testclient import TestClient
 from starlette.routing import Route
 
 from kvscope.localvllm.server import free_port
-from kvscope.sidecar.http import app as app_module
 from kvscope.sidecar.config import ServeConfig
+from kvscope.sidecar.http import app as app_module
 from kvscope.sidecar.server import Sidecar
 from tests.reliability.serveproc import ROOT, ServeProcess, clean_env
 

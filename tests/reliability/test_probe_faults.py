@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 import zmq
 
-from kvscope.state.hub import Hub
 from kvscope.sidecar.ingest.receiver import Receiver
+from kvscope.state.hub import Hub
 from kvscope.twin import TwinConfig, WorkloadSpec, generate
 from kvscope_probe import plugin, sender, wire
 from kvscope_probe.recorder import MAX_FAULTS, Recorder

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from kvscope.rows import table_of
 from kvscope.sinks.base import SinkManager
 from kvscope.sinks.metrics import SinkCollector
 from kvscope.sinks.options import DeliveryOptions
-from kvscope.rows import table_of
 from kvscope.store.sink import ClickHouseSink
 from kvscope_probe import plugin
 from tests.reliability.serveproc import ServeProcess, wait_until

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
+from kvscope.rows import SchedulerDecision
 from kvscope.state.capacity import head_fit
 from kvscope.state.requests import RequestTracker
-from kvscope.rows import SchedulerDecision
 from kvscope.twin import TwinConfig
 from kvscope.twin.probed import ProbedTwin
 from kvscope.twin.workload import TwinRequest

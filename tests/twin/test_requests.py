@@ -9,10 +9,10 @@ from collections import Counter
 import pytest
 
 from kvscope.decisions.log import DecisionLog
+from kvscope.rows import RequestEvent, RequestTrace, SchedulerDecision, StepStat
+from kvscope.sinks.base import SinkManager
 from kvscope.state.hub import Hub
 from kvscope.state.requests import RequestTracker
-from kvscope.sinks.base import SinkManager
-from kvscope.rows import RequestEvent, RequestTrace, SchedulerDecision, StepStat
 from kvscope.twin import TwinConfig, WorkloadSpec, generate
 from kvscope.twin.probed import ProbedTwin
 

@@ -7,9 +7,9 @@ import time
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
+from kvscope.sidecar.exposition.metrics import KVScopeCollector
 from kvscope.sidecar.http.app import create_app
 from kvscope.state.hub import Hub
-from kvscope.sidecar.exposition.metrics import KVScopeCollector
 from tests.unit.test_hub import feed, keyframe
 from tests.unit.test_wire import hello, step
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from kvscope.layout.api import engine_layout
 from kvscope.layout.sampler import LayoutSampler
+from kvscope.rows import SchedulerDecision
+from kvscope.sidecar.exposition.metrics import KVScopeCollector
 from kvscope.state.capacity import head_fit, min_blocks, min_tokens
 from kvscope.state.hub import Hub
-from kvscope.sidecar.exposition.metrics import KVScopeCollector
 from kvscope.state.requests import RequestTracker
-from kvscope.rows import SchedulerDecision
 from kvscope_probe import wire
 from tests.unit.test_wire import frame, hello, step
 

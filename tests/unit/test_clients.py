@@ -7,12 +7,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 
+from kvscope.rows import ClientRequest, RequestTrace
+from kvscope.sidecar.http.pressure import preempt_rate
 from kvscope.state.client_stats import LabelSlots
 from kvscope.state.clients import MAX_SAME_KEY, ClientJoin, caller_id
 from kvscope.state.hashkey import Keyer
 from kvscope.state.hub import Hub
-from kvscope.sidecar.http.pressure import preempt_rate
-from kvscope.rows import ClientRequest, RequestTrace
 from kvscope_probe import wire
 from kvscope_probe.middleware import request_key
 from tests.unit.test_hub import feed, keyframe

@@ -12,8 +12,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from kvscope.decisions.log import TABLE, DecisionLog
-from kvscope.sinks.metrics import SinkCollector
 from kvscope.rows import SchedulerDecision
+from kvscope.sinks.metrics import SinkCollector
 
 
 def decision(i: int) -> SchedulerDecision:

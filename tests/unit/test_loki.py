@@ -13,8 +13,8 @@ from fastapi import FastAPI, Request, Response
 
 from kvscope.decisions.loki import LokiSink, push_payload
 from kvscope.localvllm.server import free_port
-from kvscope.sinks.options import DeliveryOptions
 from kvscope.rows import SchedulerDecision
+from kvscope.sinks.options import DeliveryOptions
 
 
 def decision(i: int, event: str = "preempt", engine: str = "0") -> SchedulerDecision:

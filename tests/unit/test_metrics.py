@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from kvscope.state.hub import Hub
 from kvscope.sidecar.exposition.metrics import KVScopeCollector
 from kvscope.sidecar.exposition.vllm_metrics import VllmScraper, parse
+from kvscope.state.hub import Hub
 from kvscope_probe import wire
 from tests.unit.test_hub import feed, keyframe
 from tests.unit.test_vllm_metrics import TEXT

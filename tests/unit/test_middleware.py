@@ -9,8 +9,8 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
-from kvscope.state.hub import Hub
 from kvscope.sidecar.ingest.receiver import Receiver
+from kvscope.state.hub import Hub
 from kvscope_probe import wire
 from kvscope_probe.middleware import MAX_REQUEST_ID, KVScopeMiddleware, prompt_digest
 

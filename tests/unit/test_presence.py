@@ -14,9 +14,9 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
+from kvscope.sidecar.exposition.metrics import KVScopeCollector
 from kvscope.sidecar.http.app import create_app
 from kvscope.state.hub import Hub
-from kvscope.sidecar.exposition.metrics import KVScopeCollector
 from kvscope_probe import identity, wire
 from tests.unit.test_wire import hello, step
 

@@ -16,8 +16,8 @@ import pytest
 import zmq
 
 from kvscope.localvllm.server import free_port
-from kvscope.state.hub import Hub
 from kvscope.sidecar.ingest.receiver import FrameQueue, Receiver
+from kvscope.state.hub import Hub
 from kvscope_probe import transport, wire
 from tests.unit.test_wire import hello, step
 

@@ -14,20 +14,20 @@ from kvscope.decisions.loki import LokiSink
 from kvscope.layout.api import layout_router
 from kvscope.layout.history import clickhouse_history, layout_rows, to_row
 from kvscope.layout.sampler import LayoutSampler
-from kvscope.sidecar.http.app import create_app
-from kvscope.state.clients import ClientJoin
+from kvscope.rows import RequestTrace
 from kvscope.sidecar.config import ServeConfig
 from kvscope.sidecar.exposition.gpu import GpuReader
-from kvscope.state.hashkey import Keyer, load_or_create
-from kvscope.state.hub import Hub
 from kvscope.sidecar.exposition.metrics import KVScopeCollector
 from kvscope.sidecar.exposition.process import ProcessReader
-from kvscope.sidecar.ingest.receiver import Receiver
-from kvscope.state.requests import RequestTracker
 from kvscope.sidecar.exposition.vllm_metrics import VllmScraper
+from kvscope.sidecar.http.app import create_app
+from kvscope.sidecar.ingest.receiver import Receiver
 from kvscope.sinks.base import SinkManager
 from kvscope.sinks.metrics import SinkCollector
-from kvscope.rows import RequestTrace
+from kvscope.state.clients import ClientJoin
+from kvscope.state.hashkey import Keyer, load_or_create
+from kvscope.state.hub import Hub
+from kvscope.state.requests import RequestTracker
 from kvscope.store.sink import ClickHouseSink
 
 log = logging.getLogger("kvscope.sidecar")

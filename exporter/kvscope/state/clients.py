@@ -30,9 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from kvscope.rows import ClientRequest, RequestTrace
 from kvscope.state.client_stats import ClientStats, LabelSlots, client_label
 from kvscope.state.hashkey import Keyer
-from kvscope.rows import ClientRequest, RequestTrace
 from kvscope_probe import wire
 from kvscope_probe.middleware import request_key
 

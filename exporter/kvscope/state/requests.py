@@ -13,10 +13,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from kvscope.rows import RequestEvent, RequestTrace, SchedulerDecision
 from kvscope.state.engine import EngineState, PreemptionSeen
 from kvscope.state.request_tables import Live, extend_table, set_table
 from kvscope.state.rollups import Rollups
-from kvscope.rows import RequestEvent, RequestTrace, SchedulerDecision
 from kvscope_probe import wire
 
 Emit = Callable[[Any], None]

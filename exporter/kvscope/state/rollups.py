@@ -9,9 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kvscope.rows import StepStat
 from kvscope.state.capacity import head_fit
 from kvscope.state.engine import EngineState
-from kvscope.rows import StepStat
 from kvscope_probe import wire
 
 BLOCKED_REPEAT_S = 10.0

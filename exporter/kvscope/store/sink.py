@@ -19,12 +19,12 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from kvscope.redact import redact
+from kvscope.rows import TABLES
 from kvscope.sinks.base import BatchRejected, SinkStats
 from kvscope.sinks.delivery import Delivery
 from kvscope.sinks.options import DeliveryOptions
 from kvscope.sinks.spool import Spool, SpooledBatch
 from kvscope.store import arrow, schema
-from kvscope.rows import TABLES
 
 SCHEMA_CODES = {16, 60, 81}
 """NO_SUCH_COLUMN_IN_TABLE, UNKNOWN_TABLE, UNKNOWN_DATABASE: apply the DDL again."""

@@ -100,9 +100,9 @@ def measure(
     Installs the probe's hooks in this process (``plugin.enable(None)``: schedulers are
     recorded only when bound by hand, as here), like the twin tests do.
     """
+    from kvscope.rows import RequestTrace
     from kvscope.state.hub import Hub
     from kvscope.state.requests import RequestTracker
-    from kvscope.rows import RequestTrace
     from kvscope.twin.probed import ProbedTwin
     from kvscope.whatif.recorded import outcome_records
 

@@ -15,17 +15,17 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.core import Metric
 
+from kvscope.sidecar.exposition.gpu import GpuReader
+from kvscope.sidecar.exposition.metric_families import EL, Families
+from kvscope.sidecar.exposition.metrics_outside import gpu_families, vllm_families
+from kvscope.sidecar.exposition.process import ProcessReader
+from kvscope.sidecar.exposition.vllm_metrics import VllmScraper
 from kvscope.sidecar.ingest.auth import REASONS as REFUSALS
 from kvscope.state.capacity import head_fit
 from kvscope.state.client_stats import ClientStats
 from kvscope.state.engine import EngineState
-from kvscope.sidecar.exposition.gpu import GpuReader
 from kvscope.state.hub import Hub
-from kvscope.sidecar.exposition.metric_families import EL, Families
-from kvscope.sidecar.exposition.metrics_outside import gpu_families, vllm_families
 from kvscope.state.presence import CONNECTED, STATES
-from kvscope.sidecar.exposition.process import ProcessReader
-from kvscope.sidecar.exposition.vllm_metrics import VllmScraper
 
 if TYPE_CHECKING:
     from kvscope.sidecar.ingest.receiver import Receiver

@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
-from kvscope.state.engine import EngineState
 from kvscope.sidecar.exposition.gpu import GpuReader
-from kvscope.state.hub import Hub
 from kvscope.sidecar.exposition.metric_families import EL, Families
 from kvscope.sidecar.exposition.vllm_metrics import VllmScraper
+from kvscope.state.engine import EngineState
+from kvscope.state.hub import Hub
 
 
 def vllm_families(f: Families, hub: Hub, sc: VllmScraper) -> None:

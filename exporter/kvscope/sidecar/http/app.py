@@ -18,10 +18,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from kvscope import __version__
 from kvscope.sidecar.http.bodylimit import MAX_BODY_BYTES, BodyLimit
-from kvscope.state.engine import EngineState
 from kvscope.sidecar.http.health import health_router
-from kvscope.state.hub import Hub
 from kvscope.sidecar.http.pressure import PressurePolicy, preempt_rate
+from kvscope.state.engine import EngineState
+from kvscope.state.hub import Hub
 
 OPEN_PATHS = ("/healthz", "/readyz")
 QUERY_TOKEN_PATHS = ("/ui",)  # a browser cannot set a header to load the page itself
