@@ -23,8 +23,9 @@ from collections import deque
 from datetime import datetime, timezone
 from typing import IO, Any
 
-from kvscope.sinks.base import SinkStats
 from kvscope.rows import SchedulerDecision
+from kvscope.sinks.base import SinkStats
+from kvscope.throttle import worth_logging
 
 log = logging.getLogger("kvscope.sinks")
 
@@ -113,7 +114,7 @@ class DecisionLog:
                 self.errors += 1
                 self.dropped += len(batch)
                 self.last_error = type(exc).__name__
-                if self.errors in (1, 10, 100) or self.errors % 10000 == 0:
+                if worth_logging(self.errors):
                     log.warning("decision log write failed (%d so far): %r", self.errors, exc)
             finally:
                 with self._cond:

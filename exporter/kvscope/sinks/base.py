@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kvscope.rows import table_of
+from kvscope.throttle import worth_logging
 
 log = logging.getLogger("kvscope.sinks")
 
@@ -48,7 +49,7 @@ class SinkManager:
                     sink.write(table, row)
                 except Exception:  # noqa: BLE001 - a sink bug must not stop ingestion
                     self.errors += 1
-                    if self.errors in (1, 100) or self.errors % 10000 == 0:
+                    if worth_logging(self.errors):
                         log.exception("sink %s failed to take a row", sink.name)
 
     def flush(self, timeout_s: float = 5.0) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 from kvscope.sinks.base import BatchRejected, SinkStats
 from kvscope.sinks.options import Backoff, DeliveryOptions
 from kvscope.sinks.spool import Spool, SpooledBatch
+from kvscope.throttle import worth_logging
 
 log = logging.getLogger("kvscope.sinks")
 
@@ -185,7 +186,7 @@ class Delivery:
     def _failed(self, exc: BaseException, spooled: int) -> None:
         self.send_errors += 1
         self.last_error = self.describe(exc)
-        if self.connected or self.send_errors % 100 == 0:
+        if self.connected or worth_logging(self.send_errors):
             log.warning("%s: delivery failed (%s); %d batches spooled, retrying with "
                         "backoff", self.name, self.last_error, spooled)
         self.connected = False

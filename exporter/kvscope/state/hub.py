@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 from kvscope.state.engine import EngineState, Listener
 from kvscope.state.presence import CONNECTED, Presence
+from kvscope.throttle import worth_logging
 from kvscope_probe import wire
 from kvscope_probe.identity import engine_key
 
@@ -86,9 +87,9 @@ class Hub:
         return True
 
     def refuse(self, reason: str, detail: str) -> None:
-        """Count a refused frame (log the 1st, 10th, 100th, ... of each reason)."""
+        """Count a refused frame (logged on ``worth_logging``'s schedule per reason)."""
         self.rejected[reason] += 1
-        if self.rejected[reason] in (1, 10, 100, 1000) or self.rejected[reason] % 10000 == 0:
+        if worth_logging(self.rejected[reason]):
             log.warning("rejected probe frame (%s, %d so far): %s",
                         reason, self.rejected[reason], detail[:300])
 

@@ -16,6 +16,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvscope.redact import safe_url
+from kvscope.throttle import worth_logging
 
 log = logging.getLogger("kvscope.sidecar")
 
@@ -104,7 +105,7 @@ class VllmScraper(threading.Thread):
             self.scrapes += 1
         except Exception as exc:  # noqa: BLE001 - never crash the sidecar over a scrape
             self.errors += 1
-            if self.errors in (1, 10) or self.errors % 100 == 0:
+            if worth_logging(self.errors):
                 log.warning("scrape of %s/metrics failed (%d so far): %s",
                             self.safe_url, self.errors, type(exc).__name__)
 

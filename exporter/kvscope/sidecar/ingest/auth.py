@@ -29,6 +29,7 @@ import zmq
 from zmq.utils import z85
 from zmq.utils.monitor import recv_monitor_message
 
+from kvscope.throttle import worth_logging
 from kvscope_probe.transport import ZAP_DOMAIN, CurveKeys
 
 log = logging.getLogger("kvscope.sidecar")
@@ -105,7 +106,7 @@ class CurveGate:
             reason = "protocol"
         self.refused[reason] += 1
         n = self.refused[reason]
-        if n in (1, 10, 100, 1000) or n % 10000 == 0:
+        if worth_logging(n):
             log.warning("refused an unauthenticated probe connection (%s, %d so far)%s",
                         reason, n, _HINTS.get(reason, ""))
 
