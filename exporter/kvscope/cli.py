@@ -1,116 +1,34 @@
-"""Command line: ``kvscope serve`` (the sidecar) and ``kvscope demo`` (the embedded default)."""
+"""Command line: ``kvscope serve`` (the sidecar), ``kvscope demo`` (the embedded default) and
+the tools around them; each command is a module of ``COMMANDS``."""
 
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 from kvscope import __version__
-from kvscope.errors import ConfigError
+from kvscope.commands import demo, serve
 from kvscope.layout import dump as layout_dump
 from kvscope.load import cli as loadgen
-from kvscope.settings import add_flags
-from kvscope.sidecar.config import from_sources
 from kvscope.store import query, schema
-from kvscope.twin.config import LAYOUTS, TwinConfig
 from kvscope.whatif import cli as whatif
+
+COMMANDS = (serve, demo, whatif, loadgen, layout_dump, query, schema)
+"""Each has ``add_parser(subparsers)`` (which sets ``run``) and ``run(args) -> int``."""
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvscope", description=__doc__)
     parser.add_argument("--version", action="version", version=f"kvscope {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-
-    serve = sub.add_parser("serve", help="run the sidecar: receive probe records, serve /metrics")
-    add_flags(serve)
-
-    demo = sub.add_parser(
-        "demo", help="every layer live in one command, no GPU: an engine, the probe, the "
-                     "sidecar, clients through the SDK, findings at the end")
-    demo.add_argument("--engine", choices=("twin", "vllm"), default="twin",
-                      help="twin: vLLM's real scheduler in-process, no model (default); "
-                           "vllm: a real vLLM server on the CPU with a tiny generated model")
-    demo.add_argument("--port", type=int, default=9477, help="sidecar HTTP port (default 9477)")
-    demo.add_argument(
-        "--duration",
-        type=float,
-        default=None,
-        help="stop after this many seconds, cutting the workload short if need be "
-             "(default: run the workload, then serve until Ctrl-C)",
-    )
-    demo.add_argument(
-        "--step-ms",
-        type=float,
-        default=10.0,
-        help="pace of the twin's scheduler steps in ms; the workload's arrival waves are "
-             "spaced in steps, so this also paces the clients (default 10)",
-    )
-    demo.add_argument("--requests", type=int, default=200,
-                      help="requests the clients send, duplicates included (default 200)")
-    demo.add_argument("--blocks", type=int, default=None,
-                      help="KV blocks in the pool (default 64; 128 for full+sliding, 48 for "
-                           "sliding)")
-    demo.add_argument("--policy", choices=("fcfs", "priority"), default="fcfs")
-    demo.add_argument("--layout", choices=LAYOUTS, default="full",
-                      help="the model's KV layout, twin only (default full: one "
-                           "full-attention group)")
-    demo.add_argument("--sliding-window", type=int, default=TwinConfig.sliding_window,
-                      metavar="TOKENS", help="window of the sliding-window layers "
-                      f"(default {TwinConfig.sliding_window})")
-    demo.add_argument("--async-scheduling", action="store_true",
-                      help="vLLM's AsyncScheduler, one step in flight (the GPU default; "
-                           "twin only)")
-    demo.add_argument("--speculative-tokens", dest="num_speculative_tokens", type=int,
-                      default=0, metavar="N", help="draft tokens per step of a "
-                      "draft-model speculator, with N lookahead slots (twin only; default 0)")
-    demo.add_argument("--seed", type=int, default=0, help="seed of the workload (default 0)")
-    demo.add_argument("--data-dir",
-                      help="where the store, decision log and logs go (default: a new "
-                           "temporary directory, kept after the demo)")
-    whatif.add_parser(sub)
-    loadgen.add_parser(sub)
-    layout_dump.add_parser(sub)
-    query.add_parser(sub)
-    schema.add_parser(sub)
+    for command in COMMANDS:
+        command.add_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "serve":
-        cli = {k: v for k, v in vars(args).items() if k != "command"}
-        try:
-            cfg = from_sources(cli)
-        except ConfigError as exc:
-            print(f"kvscope serve: {exc}", file=sys.stderr)
-            return 2
-        logging.basicConfig(
-            level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-        )
-        from kvscope.sidecar.server import Sidecar
-
-        try:
-            Sidecar(cfg).run()
-        except Exception as exc:  # noqa: BLE001 - a clear line, not a traceback
-            print(f"kvscope serve: {type(exc).__name__}: {exc}", file=sys.stderr)
-            return 1
-        return 0
-    if args.command == "demo":
-        from kvscope.demo.run import run_demo
-
-        return run_demo(args)
-    if args.command == "whatif":
-        return whatif.run(args)
-    if args.command == "loadgen":
-        return loadgen.run(args)
-    if args.command == "layout":
-        return layout_dump.run(args)
-    if args.command == "query":
-        return query.run(args)
-    if args.command == "schema":
-        return schema.run(args)
-    return 2
+    return int(args.run(args))
 
 
 if __name__ == "__main__":

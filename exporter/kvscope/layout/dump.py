@@ -52,6 +52,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--token", default=os.environ.get(TOKEN_ENV),
                    help=f"bearer token of the sidecar [{TOKEN_ENV}]")
     p.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout in seconds")
+    p.set_defaults(run=run)
     return p
 
 

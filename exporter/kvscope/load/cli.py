@@ -81,6 +81,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("text", "json"), default="text",
                    help="summary as text or JSON, on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.set_defaults(run=run)
     return p
 
 

@@ -133,6 +133,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--dsn", help=f"http(s)://... or chdb:///path [{ENV_DSN}, else the "
                                  f"embedded store under {ENV_DATA_DIR}, as kvscope serve]")
     p.add_argument("--database", help="database (default: the DSN's, else kvscope)")
+    p.set_defaults(run=run)
     return p
 
 

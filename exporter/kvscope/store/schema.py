@@ -149,6 +149,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--database", default=DEFAULT_DATABASE, help="database name (kvscope)")
     p.add_argument("--ttl-days", type=int, default=DEFAULT_TTL_DAYS,
                    help=f"days rows are kept ({DEFAULT_TTL_DAYS})")
+    p.set_defaults(run=run)
     return p
 
 

@@ -97,6 +97,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     o.add_argument("--max-steps", type=int, default=1_000_000, metavar="N",
                    help="stop a setting's run after this many steps (1000000)")
     o.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.set_defaults(run=run)
     return p
 
 
