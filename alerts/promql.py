@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from alerts.config import Config, Severity
+from kvscope.metric_table import series
 
 Rule = dict[str, Any]
 
@@ -18,6 +19,7 @@ class Promql:
 
     def m(self, name: str, *matchers: str) -> str:
         """``name{selector, matchers...}``: a series of the sidecar's scrape job."""
+        name = series(name)
         parts = [p for p in (self.cfg.selector, *matchers) if p]
         return f"{name}{{{', '.join(parts)}}}" if parts else name
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from alerts.config import Config as AlertsConfig
 from alerts.config import Dashboards
+from kvscope.metric_table import series
 
 CLICKHOUSE_TYPE = "grafana-clickhouse-datasource"
 """Plugin ID of Grafana's official ClickHouse datasource (v4 query model)."""
@@ -46,4 +47,4 @@ class Config:
         return "{" + ", ".join([*parts, *matchers]) + "}"
 
     def m(self, metric: str, *matchers: str, engine: bool = True) -> str:
-        return metric + self.sel(*matchers, engine=engine)
+        return series(metric) + self.sel(*matchers, engine=engine)

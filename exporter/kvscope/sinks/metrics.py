@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
+
+from kvscope.metric_table import BY_NAME, SINK_METRICS, family
 
 
 class SinkCollector:
@@ -23,27 +25,14 @@ class SinkCollector:
             if callable(getattr(sink, "stats", None)):
                 yield sink.name, sink.stats()
 
+    def describe(self) -> Iterator[Metric]:
+        """The declared families, so a registry refuses a second collector of one name."""
+        return (family(m) for m in SINK_METRICS)
+
     def collect(self) -> Iterator[Metric]:
-        written = CounterMetricFamily(
-            "kvscope_sink_rows_written", "Rows a sink's store acknowledged.",
-            labels=["sink", "table"])
-        dropped = CounterMetricFamily(
-            "kvscope_sink_rows_dropped",
-            "Rows a sink gave up: memory queue overflow, full spool, or a batch the store "
-            "refused for good.", labels=["sink", "table"])
-        errors = CounterMetricFamily(
-            "kvscope_sink_errors", "Failed attempts to spool or deliver a batch.",
-            labels=["sink"])
-        spool = GaugeMetricFamily(
-            "kvscope_sink_spool_bytes", "Bytes of batches waiting in a sink's on-disk spool.",
-            labels=["sink"])
-        age = GaugeMetricFamily(
-            "kvscope_sink_oldest_unsent_age_seconds",
-            "Age of the oldest row a sink took but its store has not acknowledged (0: none).",
-            labels=["sink"])
-        up = GaugeMetricFamily(
-            "kvscope_sink_connected", "1 when a sink's last delivery attempt succeeded.",
-            labels=["sink"])
+        written, dropped, errors, spool, age, up = (family(BY_NAME[f"kvscope_sink_{n}"]) for n in (
+            "rows_written", "rows_dropped", "errors", "spool_bytes",
+            "oldest_unsent_age_seconds", "connected"))
         for name, st in self._each():
             for table, n in sorted(st.rows_written.items()):
                 written.add_metric([name, table], n)

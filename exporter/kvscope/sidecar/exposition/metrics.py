@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.core import Metric
 
+from kvscope.metric_table import SIDECAR_METRICS, family
 from kvscope.sidecar.exposition.gpu import GpuReader
 from kvscope.sidecar.exposition.metric_families import EL, Families
 from kvscope.sidecar.exposition.metrics_outside import gpu_families, vllm_families
@@ -53,6 +54,10 @@ class KVScopeCollector:
         self.gpu = gpu
         self.processes = processes
         self.vllm = vllm
+
+    def describe(self) -> Iterator[Metric]:
+        """The declared families, so a registry refuses a second collector of one name."""
+        return (family(m) for m in SIDECAR_METRICS)
 
     def collect(self) -> Iterator[Metric]:
         f = Families()

@@ -14,7 +14,8 @@ from typing import Any
 
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
 
 from kvscope import __version__
 from kvscope.sidecar.http.bodylimit import MAX_BODY_BYTES, BodyLimit
@@ -100,8 +101,11 @@ def create_app(
         _require_token(app, token)
 
     @app.get("/metrics", summary="Prometheus exposition of every engine")
-    def metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    def metrics(request: Request) -> Response:
+        # As prometheus_client's own handler: OpenMetrics when the scraper asks for it
+        # (Prometheus does, and exemplars need it), the text format otherwise.
+        encoder, content_type = choose_encoder(request.headers.get("accept"))
+        return Response(encoder(registry), media_type=content_type)
 
     app.include_router(health_router(hub, receiver_alive))
 
