@@ -1,16 +1,15 @@
 """The twin's one door into vLLM: every vLLM name it uses, imported in one place.
 
-Importing this module imports vLLM (about 13 s the first time); nothing outside
+Importing this module imports vLLM (slow the first time); nothing outside
 ``kvscope.twin`` imports it, so ``import kvscope`` stays light. vLLM's own logging
 is turned down to warnings unless ``VLLM_LOGGING_LEVEL`` says otherwise; that has
 to happen before vLLM is first imported, hence the order below.
 
 vLLM 0.32 and 0.33 differ in one place the twin touches: 0.33 moved the KV-cache
 planner to ``v1/core/kv_cache_planning.py`` and split layer grouping
-(``get_global_kv_cache_groups``, :1607) from sizing (``get_kv_cache_configs``, :1461,
-called that way by ``v1/engine/core.py:321``); 0.32 does both in
-``v1/core/kv_cache_utils.py:2531`` (``v1/engine/core.py:326``). ``plan_kv_cache`` calls
-whichever this vLLM has, as its ``EngineCore`` does.
+(``get_global_kv_cache_groups``) from sizing (``get_kv_cache_configs``, called that way
+by ``v1/engine/core.py``); 0.32 does both in ``v1/core/kv_cache_utils.py``.
+``plan_kv_cache`` calls whichever this vLLM has, as its ``EngineCore`` does.
 """
 
 import os

@@ -8,10 +8,9 @@ sizes and the pool are vLLM's own construction, and vLLM's own check refuses a p
 cannot hold one ``max_model_len`` request, as a server refuses to start.
 
 A Mamba hybrid needs no model either: ``MambaModelConfig.verify_and_update_config``
-(``model_executor/models/config.py:672`` in 0.32, ``:750`` in 0.33) sets the cache mode
-and Mamba block size from the cache config alone, ``MambaSpec`` (``v1/kv_cache_interface.py``
-:1035 / :1094) takes plain shapes, and the scheduler runs ``MambaManager``
-(``v1/core/single_type_kv_cache_manager.py:1415`` / :1428) on them.
+(``model_executor/models/config.py``) sets the cache mode and Mamba block size from the
+cache config alone, ``MambaSpec`` (``v1/kv_cache_interface.py``) takes plain shapes, and
+the scheduler runs ``MambaManager`` (``v1/core/single_type_kv_cache_manager.py``) on them.
 """
 
 from __future__ import annotations

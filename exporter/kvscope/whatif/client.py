@@ -5,7 +5,7 @@ the next request when one ends. How soon it reaches the scheduler is the client'
 the API server's doing, not the engine's: an HTTP round trip and tokenizing take a step
 or two, and a client that is starved of CPU (or stops to garbage-collect) holds every
 request released meanwhile and then sends them together. On the 2-core CPU server the
-load generator's stalls reached hundreds of steps (at 1.5 ms a step) and released up to
+load generator's stalls reached hundreds of steps and released up to
 four requests in one step. Bursts like these start requests together, so they grow
 together: the safe concurrency has to survive them.
 
