@@ -12,7 +12,7 @@ POLICIES: tuple[Policy, ...] = ("fcfs", "priority")
 
 Layout = Literal["full", "full+sliding", "sliding", "mamba-hybrid"]
 LAYOUTS: tuple[Layout, ...] = ("full", "full+sliding", "sliding", "mamba-hybrid")
-"""KV layouts of the models vLLM serves (see ``kvscope.twin.layout`` for their layers):
+"""KV layouts of the models vLLM serves (see ``kvscope.twin.kv_layout`` for their layers):
 full attention only (Llama); sliding-window and full-attention layers interleaved
 (Gemma 2/3, gpt-oss); sliding window only (Mistral 7B v0.1); Mamba and full-attention
 layers (Jamba, Nemotron-H, granite-4.0-h)."""

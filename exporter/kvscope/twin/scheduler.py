@@ -29,7 +29,7 @@ from kvscope.twin._vllm import (
     resolve_kv_cache_block_sizes,
 )
 from kvscope.twin.config import TwinConfig
-from kvscope.twin.layout import kv_cache_config
+from kvscope.twin.kv_layout import kv_cache_config
 
 MODEL_CONFIG_DIR = "tiny-llama-config"
 """Directory under the cache dir holding only the tiny Llama's config.json."""
