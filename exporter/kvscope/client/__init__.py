@@ -1,7 +1,8 @@
 """kvscope's client side: an SDK with backpressure and a circuit breaker.
 
 The ASGI middleware for vLLM's API server runs inside vLLM, so it ships with the probe:
-:mod:`kvscope_probe.middleware`.
+:mod:`kvscope_probe.middleware`. It may import the shared helpers only (it runs in
+the user's own programs).
 """
 
 from kvscope.client.breaker import BreakerSnapshot, CircuitBreaker, State

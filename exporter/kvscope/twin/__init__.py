@@ -4,6 +4,9 @@
 ``Twin`` itself) and ``scheduler`` import vLLM, so import them explicitly::
 
     from kvscope.twin.engine import Twin
+
+It may import ``kvscope.state`` (the probed twin feeds a Hub), ``kvscope.models`` and
+the helpers; not the sidecar, whatif, demo or the CLI.
 """
 
 from kvscope.twin.config import TwinConfig
