@@ -10,9 +10,10 @@ import threading
 import pytest
 
 from kvscope.twin import TwinConfig, WorkloadSpec, generate
-from kvscope_probe import plugin, transport
+from kvscope_probe import plugin
 from kvscope_probe.recorder import MAX_FAULTS, Recorder
 from tests.twin.exactness import step_trail
+from tests.twin.waits import threads_that_wait
 
 pytestmark = pytest.mark.twin
 
@@ -77,16 +78,7 @@ def test_no_sidecar_listening_drops_and_counts_without_blocking(
     """Nothing that can wait (opening, connecting, sending) runs on the engine thread, and
     the run is step for step the unprobed one."""
     unprobed, _, base_trail = run()
-    waits: dict[str, set[str]] = {}
-    for name in ("push_socket", "await_connection", "send"):
-        real = getattr(transport, name)
-
-        def on_thread(*a: object, _real: object = real, _name: str = name,
-                      **k: object) -> object:
-            waits.setdefault(_name, set()).add(threading.current_thread().name)
-            return _real(*a, **k)  # type: ignore[operator]
-
-        monkeypatch.setattr(transport, name, on_thread)
+    waits = threads_that_wait(monkeypatch)
     engine_thread = threading.current_thread().name
     result, rec, trail = run(endpoint=f"ipc://{tmp_path}/nobody.sock")
     plugin.stop_all()
