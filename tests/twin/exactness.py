@@ -192,3 +192,25 @@ def step_trail(twin: Any) -> tuple[list[tuple[Any, ...]], Any]:
         ))
 
     return trail, on_step
+
+
+def covered(row: dict[str, Any], strength: int) -> set[tuple[tuple[str, Any], ...]]:
+    """The value combinations of every ``strength`` axes that ``row`` holds."""
+    return {tuple((a, row[a]) for a in names) for names in combinations(list(row), strength)}
+
+
+def covering(axes: dict[str, tuple[Any, ...]], strength: int,
+             have: list[dict[str, Any]] = ()) -> list[dict[str, Any]]:  # type: ignore[assignment]
+    """Rows that, with ``have``, hold every combination of values of every ``strength``
+    axes (greedy, deterministic, as ``pairwise``)."""
+    names = list(axes)
+    candidates = [dict(zip(names, vals, strict=True)) for vals in product(*axes.values())]
+    uncovered = set().union(*(covered(r, strength) for r in candidates))
+    for row in have:
+        uncovered -= covered({n: row[n] for n in names}, strength)
+    rows: list[dict[str, Any]] = []
+    while uncovered:
+        best = max(candidates, key=lambda row: len(covered(row, strength) & uncovered))
+        rows.append(best)
+        uncovered -= covered(best, strength)
+    return rows
