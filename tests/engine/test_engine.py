@@ -206,7 +206,14 @@ def test_counts_reconcile_with_vllm_after_a_mixed_load(
     assert side_free == vllm_free == engine_stack.num_blocks - 1
     assert sample(side_text, "kvscope_reconciliation_preemptions_diff", ENGINE) == 0
     assert sample(side_text, "kvscope_reconciliation_free_blocks_diff", ENGINE) == 0
-    assert watcher.diffs, "the free-blocks diff was never exported during the load"
+    # Under load the diff compares the ledger now with vLLM's gauge at its last scrape, so
+    # its value there is timing; what is exact: the ledger stayed in sync at every reading
+    # (the diff is absent otherwise), each reading worked, and records kept arriving.
+    readings = len(watcher.records)
+    assert watcher.errors == 0 and watcher.absent == 0, figures
+    assert readings > 0 and len(watcher.diffs) == readings, figures
+    received = [n for _t, n in watcher.records]
+    assert received == sorted(received) and received[-1] > received[0], figures
 
 
 def ended_total(text: str) -> float:

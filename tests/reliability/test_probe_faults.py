@@ -195,13 +195,17 @@ def test_faults_while_encoding_and_sending_never_reach_the_scheduler(
     assert trail == base_trail
     # every chosen record met its fault exactly once; each was contained and counted
     assert rec.ring_dropped == 0  # no chosen record vanished before reaching the sender
-    assert inj.raised == inj.expected(rec.seq)
-    assert contained == sum(n for k, n in inj.raised.items() if k != "send_again")
-    assert 45 <= contained < MAX_FAULTS and rec.enabled
+    assert rec.seq > STEPS  # a record a step, and the hello: every chosen record was made
+    assert inj.raised == inj.expected(STEPS)
+    assert set(inj.raised) == set(KINDS)
+    # the injector stays below MAX_FAULTS by construction, so the probe must stay on
+    assert contained == sum(n for k, n in inj.expected(STEPS).items() if k != "send_again")
+    assert contained < MAX_FAULTS and rec.enabled
     assert rec.faults == contained
     # every record is accounted for: received, or dropped and counted
     assert rec.seq == hub.records + in_rejected["records"] + dropped
     st = hub.engines[rec.hello.engine]
-    assert st.counters.gaps >= 1 and st.probe_faults <= rec.faults
+    assert st.counters.gaps >= 1
+    assert st.probe_faults == rec.faults  # frames after the last fault carry its count
     # a failure on the sender thread never makes the engine thread rescan the pool
     assert scans["n"] == 1

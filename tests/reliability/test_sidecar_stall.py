@@ -23,6 +23,7 @@ from kvscope_probe import plugin
 from kvscope_probe.recorder import FORCED_KEYFRAME_GAP_S, Recorder
 from tests.reliability.serveproc import ServeProcess, wait_until
 from tests.reliability.twindrive import TwinDriver, percentile
+from tests.twin.waits import threads_that_wait
 
 pytestmark = [pytest.mark.reliability, pytest.mark.twin]
 pytest.importorskip("kvscope.twin.engine")
@@ -152,6 +153,7 @@ def test_a_stopped_sidecar_never_blocks_the_engine(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVSCOPE_PROBE_KEYFRAME_S", "1")
     keyframes = count_keyframes(monkeypatch)
+    waits = threads_that_wait(monkeypatch)
     side = ServeProcess(tmp_path / "side", args=SERVE_ARGS)
     with twin_streaming(side) as drv:
         time.sleep(5.0)
@@ -182,8 +184,13 @@ def test_a_stopped_sidecar_never_blocks_the_engine(tmp_path: Path,
               f"resynced {resync_s:.1f} s after SIGCONT, "
               f"free blocks {e['free_blocks']} == pool")
         # the engine kept its pace and schedule() its cost while the sidecar was frozen
-        assert stop.steps >= 0.25 * STOP_S / STEP_S
-        assert p99_during < 5e6, "sanity bound only; benchmarks/ measure the probe's cost"
+        # (its pace against its own pace just before, in the same run: an absolute
+        # quarter of the 2 ms pace failed at 2212 of 3750 steps on a loaded 2-core box)
+        assert stop.steps / STOP_S >= 0.5 * len(before) / 5.0, (stop.steps, len(before))
+        # nothing that can wait on the sidecar ran on the engine thread (its cost is
+        # benchmarks/' business, not a timed assertion here)
+        assert set(waits) >= {"push_socket", "send"}, waits
+        assert all(drv.thread.name not in threads for threads in waits.values()), waits
         assert stop.dropped > 0  # the stall was felt, and paid for in counted drops
         # a failed send asks for a keyframe, but not one per step for the whole outage
         assert kf_during <= STOP_S * (1 + 1 / FORCED_KEYFRAME_GAP_S) + 5

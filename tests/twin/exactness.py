@@ -170,3 +170,47 @@ def pairwise(axes: dict[str, tuple[Any, ...]]) -> list[dict[str, Any]]:
 
 def covered_pairs(row: dict[str, Any]) -> set[tuple[str, Any, str, Any]]:
     return {(a, row[a], b, row[b]) for a, b in combinations(list(row), 2)}
+
+
+def step_trail(twin: Any) -> tuple[list[tuple[Any, ...]], Any]:
+    """``(trail, on_step)``: pass ``on_step`` to ``Twin.run`` and ``trail`` gets, per step,
+    what vLLM decided: tokens scheduled per request, each scheduled request's block table
+    in every KV cache group, the requests preempted and finished, and the tokens each
+    scheduled request has output so far. Two runs that did the same have equal trails."""
+    sched = twin.scheduler
+    trail: list[tuple[Any, ...]] = []
+
+    def on_step(_i: int, out: Any) -> None:
+        live = [rid for rid in sorted(out.num_scheduled_tokens) if rid in sched.requests]
+        trail.append((
+            tuple(sorted(out.num_scheduled_tokens.items())),
+            tuple((rid, tuple(map(tuple, sched.kv_cache_manager.get_block_ids(rid))))
+                  for rid in live),
+            tuple(sorted(out.preempted_req_ids)),
+            tuple(sorted(out.finished_req_ids)),
+            tuple((rid, tuple(sched.requests[rid].output_token_ids)) for rid in live),
+        ))
+
+    return trail, on_step
+
+
+def covered(row: dict[str, Any], strength: int) -> set[tuple[tuple[str, Any], ...]]:
+    """The value combinations of every ``strength`` axes that ``row`` holds."""
+    return {tuple((a, row[a]) for a in names) for names in combinations(list(row), strength)}
+
+
+def covering(axes: dict[str, tuple[Any, ...]], strength: int,
+             have: list[dict[str, Any]] = ()) -> list[dict[str, Any]]:  # type: ignore[assignment]
+    """Rows that, with ``have``, hold every combination of values of every ``strength``
+    axes (greedy, deterministic, as ``pairwise``)."""
+    names = list(axes)
+    candidates = [dict(zip(names, vals, strict=True)) for vals in product(*axes.values())]
+    uncovered = set().union(*(covered(r, strength) for r in candidates))
+    for row in have:
+        uncovered -= covered({n: row[n] for n in names}, strength)
+    rows: list[dict[str, Any]] = []
+    while uncovered:
+        best = max(candidates, key=lambda row: len(covered(row, strength) & uncovered))
+        rows.append(best)
+        uncovered -= covered(best, strength)
+    return rows

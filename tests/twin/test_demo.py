@@ -27,12 +27,15 @@ import psutil
 import pytest
 
 from kvscope.demo.live import Scrape
+from kvscope.demo.workload import DUPLICATE_EVERY
 from kvscope.localvllm.server import free_port
 
 pytestmark = pytest.mark.twin
 
 REQUESTS = 100
-FAST = ["--step-ms", "4", "--requests", str(REQUESTS), "--blocks", "64"]
+BLOCKS = 64
+FAST = ["--step-ms", "4", "--requests", str(REQUESTS), "--blocks", str(BLOCKS)]
+USABLE = BLOCKS - 1  # vLLM keeps block 0 as its null block
 TABLES = ("request_traces", "request_events", "scheduler_decisions", "step_stats",
           "layout_snapshots", "client_requests")
 
@@ -132,13 +135,32 @@ def findings_shown(demo: Demo, text: str) -> int:
     return shown
 
 
+IDLE_POOL = {"total_blocks": USABLE, "free_blocks": USABLE, "used_blocks": 0,
+             "max_contiguous_free_blocks": USABLE, "tail_waste_tokens": 0,
+             "running_requests": 0, "waiting_requests": 0}
+"""The twin's pool once every request has ended: every usable block free (prefix-cached
+ones count), one run of them, nothing running or waiting."""
+
+
+def settled_scrape(http: httpx.Client, timeout_s: float = 20.0) -> Scrape:
+    """/metrics once the probe's last records and the clients' last events are in (the
+    sidecar waits up to 5 s for a trace's client event), or at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        m = Scrape(http.get("/metrics").text)
+        joined = m.total("kvscope_client_traces_joined_total")
+        idle = all(m.value(f"vllm_scheduler_{g}") == v for g, v in IDLE_POOL.items())
+        if (idle and joined == REQUESTS) or time.monotonic() > deadline:
+            return m
+        time.sleep(0.25)
+
+
 def assert_prometheus_layer(m: Scrape, shown: int) -> None:
-    """Layer 1: block gauges in sync, the preemptions the findings print, every request."""
+    """Layer 1: block gauges in sync and equal to the idle pool, the preemptions the
+    findings print, every request."""
     assert m.value("kvscope_ledger_synced") == 1
-    assert m.value("vllm_scheduler_total_blocks") == 63
-    for gauge in ("free_blocks", "used_blocks", "max_contiguous_free_blocks",
-                  "tail_waste_tokens"):
-        assert m.value(f"vllm_scheduler_{gauge}") is not None, gauge
+    gauges = {g: m.value(f"vllm_scheduler_{g}") for g in IDLE_POOL}
+    assert gauges == IDLE_POOL
     assert m.total("vllm_scheduler_preempted_requests_total") == shown
     assert m.value("vllm_scheduler_preempted_requests_total", reason="kv_full") == shown
     assert m.total("vllm_scheduler_requests_ended_total") == REQUESTS
@@ -177,8 +199,11 @@ def assert_client_layer(m: Scrape) -> None:
     assert sum(per_client.values()) == REQUESTS
     assert set(per_client) == {"chat-frontend", "rag-service", "batch-summarizer",
                                "retry-bot"}
-    assert m.total("kvscope_client_traces_joined_total") >= 0.99 * REQUESTS
-    assert m.total("kvscope_client_duplicate_requests_total") >= 1
+    assert m.total("kvscope_client_traces_joined_total") == REQUESTS
+    assert m.total("kvscope_client_traces_unjoined_total") == 0
+    # the retry bot resends one prompt in DUPLICATE_EVERY within seconds: each is flagged
+    assert m.by("kvscope_client_duplicate_requests_total", "client") == {
+        "retry-bot": REQUESTS // DUPLICATE_EVERY}
     agents = m.by("kvscope_user_agent_requests_total", "user_agent")
     assert any(a.startswith("retry-bot/0.1 kvscope-client/") for a in agents), agents
 
@@ -200,7 +225,7 @@ def test_demo_every_layer_produced_data(tmp_path: Path) -> None:
         pids = demo.descendants()
         assert pids, "the sidecar runs as a child process"
         with httpx.Client(base_url=demo.base, timeout=10, trust_env=False) as http:
-            m = Scrape(http.get("/metrics").text)
+            m = settled_scrape(http)
             assert_layout_layer(http)
         assert_prometheus_layer(m, shown)
         assert_rows_acknowledged(m)

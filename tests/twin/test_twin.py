@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -41,25 +42,45 @@ def test_workload_is_repeatable_for_a_seed_and_differs_across_seeds() -> None:
     assert [r.prompt_token_ids for r in other] != [r.prompt_token_ids for r in DEFAULT_WORKLOAD]
 
 
-def test_workload_follows_its_spec() -> None:
-    spec = WorkloadSpec()
-    reqs = DEFAULT_WORKLOAD
-    assert len(reqs) == spec.n_requests
-    assert len({r.request_id for r in reqs}) == len(reqs)
+def within_binomial(k: int, n: int, p: float) -> bool:
+    """``k`` successes of ``n`` draws with chance ``p`` lie within four standard deviations
+    of ``n * p`` (a seeded draw outside that is a generator bug, not bad luck)."""
+    return abs(k - n * p) <= 4 * (n * p * (1 - p)) ** 0.5
+
+
+@pytest.mark.parametrize("spec", [
+    WorkloadSpec(),
+    WorkloadSpec(n_requests=250, short_fraction=0.2, shared_prefix_fraction=0.8, waves=3,
+                 wave_interval_steps=7, seed=5),
+    WorkloadSpec(n_requests=37, short_fraction=0.5, waves=5, priorities=(1, 2), seed=2),
+], ids=["default", "mostly-long", "uneven-waves"])
+def test_workload_follows_its_spec(spec: WorkloadSpec) -> None:
+    reqs = generate(spec)
+    n = spec.n_requests
+    assert len(reqs) == n
+    assert len({r.request_id for r in reqs}) == n
     tokens = {t for r in reqs for t in r.prompt_token_ids}
     assert min(tokens) >= TOKEN_ID_MIN and max(tokens) < TOKEN_ID_MAX
     assert all(spec.max_tokens[0] <= r.max_tokens <= spec.max_tokens[1] for r in reqs)
-    assert {r.priority for r in reqs} == {0, 1, 2, 3}
-    # Four waves of 30, 20 steps apart.
+    assert {r.priority for r in reqs} == set(range(spec.priorities[0], spec.priorities[1] + 1))
+    # spec.waves groups of equal size (within one), wave_interval_steps apart
     arrivals = [r.arrival_step for r in reqs]
-    assert sorted(set(arrivals)) == [0, 20, 40, 60]
-    assert all(arrivals.count(step) == 30 for step in (0, 20, 40, 60))
+    steps = [w * spec.wave_interval_steps for w in range(spec.waves)]
+    assert sorted(set(arrivals)) == steps
+    assert all(n // spec.waves <= arrivals.count(s) <= -(-n // spec.waves) for s in steps)
+    # prompt lengths: short, long, or long after the shared prefix
     short = [r for r in reqs if len(r.prompt_token_ids) <= spec.short_prompt[1]]
-    assert 0.55 < len(short) / len(reqs) < 0.85
+    assert all(spec.short_prompt[0] <= len(r.prompt_token_ids) for r in short)
+    assert within_binomial(len(short), n, spec.short_fraction), len(short)
     long_prompts = [r.prompt_token_ids for r in reqs if r not in short]
-    prefix = long_prompts[0][: spec.shared_prefix_len] if long_prompts else ()
+    prefix, n_sharing = Counter(p[: spec.shared_prefix_len] for p in long_prompts).most_common(1)[0]
     sharing = [p for p in long_prompts if p[: spec.shared_prefix_len] == prefix]
-    assert sharing and len(sharing) < len(long_prompts)
+    assert len(sharing) == n_sharing and 1 < n_sharing < len(long_prompts)
+    assert within_binomial(n_sharing, len(long_prompts), spec.shared_prefix_fraction)
+    lo, hi = spec.long_prompt
+    assert all(lo + spec.shared_prefix_len <= len(p) <= hi + spec.shared_prefix_len
+               for p in sharing)
+    assert all(lo <= len(p) <= hi for p in long_prompts if p not in sharing)
 
 
 def test_workload_validate_reports_every_error() -> None:
@@ -115,7 +136,7 @@ def test_build_scheduler_mirrors_the_config() -> None:
 
 def test_default_run_finishes_every_request(fcfs_run: TwinResult) -> None:
     assert fcfs_run.finished == len(DEFAULT_WORKLOAD)
-    assert fcfs_run.steps > 60  # the last wave arrives at step 60
+    assert fcfs_run.steps > max(r.arrival_step for r in DEFAULT_WORKLOAD)  # last wave served
     prompt_tokens = sum(len(r.prompt_token_ids) for r in DEFAULT_WORKLOAD)
     assert fcfs_run.scheduled_tokens > prompt_tokens
 
@@ -189,8 +210,14 @@ def test_max_steps_stops_early_and_the_run_can_be_resumed() -> None:
 
 
 def test_idle_gaps_are_skipped_and_pacing_slows_steps() -> None:
+    """A request arriving long after the last one finished starts at once: the run is
+    exactly the two runs alone, back to back, with no idle steps between."""
     early, late = DEFAULT_WORKLOAD[0], replace(DEFAULT_WORKLOAD[1], arrival_step=5000)
+    alone = [Twin(TwinConfig()).run([r]).steps for r in (early, late)]
+    assert alone[0] < late.arrival_step  # the premise: the early one is done long before
     result = Twin(TwinConfig()).run([late, early])
-    assert result.finished == 2 and result.steps < 600
-    paced = Twin(TwinConfig()).run([early], max_steps=5, step_interval_s=0.02)
-    assert paced.steps == 5 and paced.wall_seconds >= 0.09
+    assert result.finished == 2 and result.steps == sum(alone)
+    interval = 0.02
+    paced = Twin(TwinConfig()).run([early], max_steps=5, step_interval_s=interval)
+    # each step waits for its slot and sleep never returns early; 1 ms for clock rounding
+    assert paced.steps == 5 and paced.wall_seconds >= paced.steps * interval - 1e-3
