@@ -21,10 +21,17 @@ from tests.stack.promstack import RULE_FILE
 FLEET_LEVELS = ("model", "server", "fleet")
 
 
-def serve(fleet: Fleet) -> tuple[ThreadingHTTPServer, int]:
+SCRAPE_S = 15.0
+
+
+def serve(fleet: Fleet, live_s: float) -> tuple[ThreadingHTTPServer, int]:
+    t0 = time.time()
+    bodies = fleet.expositions(t0, t0 + live_s + 120, SCRAPE_S / 3)
+
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            body = fleet.exposition(time.time()).encode()
+            k = int((time.time() - t0) // (SCRAPE_S / 3))
+            body = bodies[min(k, len(bodies) - 1)]
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
             self.send_header("Content-Length", str(len(body)))
@@ -63,7 +70,7 @@ def compared(queries: dict[str, tuple[str, float]]) -> dict[str, str]:
 
 def compare_pair(fleet: Fleet, work: Path, queries: dict[str, tuple[str, float]],
                  live_s: float, start: Callable[..., Any]) -> dict[str, Any]:
-    httpd, port = serve(fleet)
+    httpd, port = serve(fleet, live_s)
     recv, recv_base = start(work, "receiver", work / "recv", {},
                             "--web.enable-remote-write-receiver")
     edge = None

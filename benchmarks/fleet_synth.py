@@ -3,7 +3,7 @@ engines (server, engine, model, instance rewritten), the sidecar's own series on
 server, values varied per engine and over time around the scraped values.
 
 Used by fleet_prometheus.py: ``openmetrics_chunks`` writes backfill input for promtool,
-``Fleet.exposition`` a live scrape of the same fleet at one instant.
+``Fleet.expositions`` live scrapes of the same fleet.
 """
 
 from __future__ import annotations
@@ -112,11 +112,13 @@ class Fleet:
             return np.clip(s.value * (0.8 + 0.2 * np.cos(t / 3600 + self.phase[idx])), 0, 1)
         return np.round(s.value * (0.7 + 0.3 * (1 - free)), 3)
 
-    def exposition(self, t: float) -> str:
-        """A scrape of the whole fleet at unix time ``t`` (no timestamps)."""
-        ts = np.array([t])
-        lines = [f"{text} {self.values(i, s, ts)[0]:.12g}" for text, i, s in self.series]
-        return "\n".join(lines) + "\n"
+    def expositions(self, t0: float, t1: float, step: float) -> list[bytes]:
+        """Scrapes of the whole fleet every ``step`` from ``t0`` (no timestamps), rendered
+        ahead: rendering one takes longer than a scrape may."""
+        t = np.arange(t0, t1, step)
+        cols = [(text, self.values(i, s, t).tolist()) for text, i, s in self.series]
+        return ["".join(f"{text} {v[k]:.12g}\n" for text, v in cols).encode()
+                for k in range(len(t))]
 
 
 def openmetrics_chunks(fleet: Fleet, start: float, end: float, step: float, out: Path,
