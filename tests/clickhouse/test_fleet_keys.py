@@ -58,3 +58,18 @@ def test_one_server_one_hour_reads_a_small_fraction(store: Any, database: str) -
           + ", ".join(f"{t} {f:.2%}" for t, f in read.items()))
     # A server's hour is 1/256 of each table; index granules (8192 rows) round it up.
     assert all(f <= 1 / 20 for f in read.values()), read
+
+
+def test_the_default_sharding_key_spreads_a_fleet_over_its_shards(store: Any) -> None:
+    """Tables without a per-request key shard by engine identity: 1,000 engines (500
+    servers of two engines, four models) over 8 shards must fill every shard evenly,
+    which the vLLM engine label alone ("0", "1") cannot."""
+    key = schema.DEFAULT_SHARDING_KEY
+    rows = store.query(
+        f"SELECT {key} % 8 AS shard, count() FROM (SELECT "
+        "['a', 'b', 'c', 'd'][intDiv(number, 2) % 4 + 1] AS model, "
+        "concat('gpu-', toString(intDiv(number, 2)), ':8000') AS server, "
+        "toString(number % 2) AS engine FROM numbers(1000)) GROUP BY shard").result_rows
+    per_shard = sorted(n for _, n in rows)
+    print(f"\nengines per shard under {key}: {per_shard}")
+    assert len(per_shard) == 8 and max(per_shard) <= 1.5 * 1000 / 8, per_shard

@@ -60,7 +60,7 @@ def test_cluster_variant_is_valid_clickhouse_sql(store: Any) -> None:
     assert joined.count("ReplicatedMergeTree(") == len(tables)
     assert ("ENGINE = Distributed('prod', 'kv', 'request_traces_local', "
             "cityHash64(request_id))") in joined
-    assert "'step_stats_local', cityHash64(model, engine))" in joined
+    assert "'step_stats_local', cityHash64(model, server, engine))" in joined
 
 
 def test_schema_command_prints_ddl(capsys: pytest.CaptureFixture[str]) -> None:
