@@ -31,6 +31,8 @@ class Dashboards:
     """Layer 4: the decision log (preempt, admission blocked, resume)."""
     clients: str = "kvscope-clients"
     """Layer 5: preemptions by client."""
+    fleet: str = "kvscope-fleet"
+    """Every engine at once: the fleet rules, the worst engines, silent probes."""
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from alerts.config import Config
+from alerts.fleet import fleet_rules
 from alerts.health import health_alerts
 from alerts.pool import pool_alerts
 from alerts.promql import Promql, Rule
@@ -80,6 +81,8 @@ def build(cfg: Config | None = None) -> dict[str, Any]:
     return {
         "groups": [
             {"name": "kvscope.rules", "rules": recording_rules(cfg)},
+            # Its own group: a global Prometheus (or Thanos ruler) can run it alone.
+            {"name": "kvscope-fleet", "rules": fleet_rules(cfg)},
             {"name": "kvscope-pool", "rules": pool_alerts(cfg)},
             {"name": "kvscope-health", "rules": health_alerts(cfg)},
         ]

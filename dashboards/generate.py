@@ -20,13 +20,13 @@ from pathlib import Path
 
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
-from dashboards import blocks, clients, decisions, kubernetes, layout, traces
+from dashboards import blocks, clients, decisions, fleet, kubernetes, layout, traces
 from dashboards.config import Config
 from dashboards.panels import Board
 
 OUT = Path(__file__).resolve().parent / "json"
 BUILDERS: tuple[Callable[[Config], Board], ...] = (
-    blocks.build, traces.build, layout.build, decisions.build, clients.build,
+    blocks.build, traces.build, layout.build, decisions.build, clients.build, fleet.build,
 )
 
 

@@ -24,7 +24,8 @@ def test_schema_applies_twice_cleanly(store: Any, database: str) -> None:
     for name, (engine, partition, sorting, ddl) in tables.items():
         assert engine == "MergeTree", name
         assert partition == "toDate(ts)", name
-        assert sorting.startswith("model, engine" if name != "client_requests" else "model"), name
+        assert sorting.startswith("model, server, engine" if name != "client_requests"
+                                  else "model"), name
         assert "toIntervalDay(7)" in ddl or "INTERVAL 7 DAY" in ddl, name
 
 
@@ -59,7 +60,7 @@ def test_cluster_variant_is_valid_clickhouse_sql(store: Any) -> None:
     assert joined.count("ReplicatedMergeTree(") == len(tables)
     assert ("ENGINE = Distributed('prod', 'kv', 'request_traces_local', "
             "cityHash64(request_id))") in joined
-    assert "'step_stats_local', cityHash64(model, engine))" in joined
+    assert "'step_stats_local', cityHash64(model, server, engine))" in joined
 
 
 def test_schema_command_prints_ddl(capsys: pytest.CaptureFixture[str]) -> None:

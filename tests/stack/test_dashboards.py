@@ -50,7 +50,9 @@ from tests.stack.promstack import REPO, RULE_FILE
 
 CLICKHOUSE = "grafana-clickhouse-datasource"
 UIDS = set(vars(Dashboards()).values())
-PROM_BUILTINS = {"__rate_interval": "15s", "__range": "5m", "__interval": "5s"}
+PROM_BUILTINS = {"__rate_interval": "15s", "__range": "5m", "__interval": "5s",
+                 "top": "10"}
+"""Grafana's builtins, and the fleet dashboard's custom $top at its default."""
 NO_GPU = "no GPU here: NVML is absent, so the sidecar exports no kvscope_gpu_* series"
 NO_VLLM = ("needs kvscope serve --vllm-url and a real vLLM server (tests/engine checks "
            "kvscope's counts against vLLM's own)")

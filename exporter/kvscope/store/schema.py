@@ -6,7 +6,8 @@ each ``ENGINE = MergeTree`` table becomes ``<name>_local`` on ``ReplicatedMergeT
 ``Distributed`` table under the original name, every statement ``ON CLUSTER``. Inserts then
 go to the Distributed table unchanged; its sharding key must be a function of the row (a
 retried batch must land on the same shards for the dedup token to work): the default is
-``cityHash64(model, engine)``, a file may override it with ``-- kvscope:sharding_key EXPR``.
+``cityHash64(model, server, engine)`` (the engine's identity: vLLM's engine label alone takes
+a handful of values across a fleet), a file may override it with ``-- kvscope:sharding_key EXPR``.
 
 ``kvscope schema [--cluster NAME]`` prints the DDL.
 """
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 DEFAULT_DATABASE = "kvscope"
 DEFAULT_TTL_DAYS = 30
-DEFAULT_SHARDING_KEY = "cityHash64(model, engine)"
+DEFAULT_SHARDING_KEY = "cityHash64(model, server, engine)"
 _SHARDING = re.compile(r"--\s*kvscope:sharding_key\s+(.+)$", re.MULTILINE)
 _CREATE_TABLE = re.compile(
     r"^CREATE\s+TABLE\s+IF\s+NOT\s+EXISTS\s+(\w+)\.(\w+)\s*(\(.*\))\s*"

@@ -34,6 +34,6 @@ CREATE TABLE IF NOT EXISTS {database}.request_traces
 )
 ENGINE = MergeTree
 PARTITION BY toDate(ts)
-ORDER BY (model, engine, ts, request_id)
+ORDER BY (model, server, engine, ts, request_id)
 TTL toDateTime(ts) + toIntervalDay({ttl_days})
 SETTINGS non_replicated_deduplication_window = 1000, ttl_only_drop_parts = 1;

@@ -22,6 +22,6 @@ CREATE TABLE IF NOT EXISTS {database}.request_events
 )
 ENGINE = MergeTree
 PARTITION BY toDate(ts)
-ORDER BY (model, engine, request_id, ts, event)
+ORDER BY (model, server, engine, request_id, ts, event)
 TTL toDateTime(ts) + toIntervalDay({ttl_days})
 SETTINGS non_replicated_deduplication_window = 1000, ttl_only_drop_parts = 1;

@@ -20,6 +20,6 @@ CREATE TABLE IF NOT EXISTS {database}.scheduler_decisions
 )
 ENGINE = MergeTree
 PARTITION BY toDate(ts)
-ORDER BY (model, engine, decision, ts)
+ORDER BY (model, server, engine, decision, ts)
 TTL toDateTime(ts) + toIntervalDay({ttl_days})
 SETTINGS non_replicated_deduplication_window = 1000, ttl_only_drop_parts = 1;

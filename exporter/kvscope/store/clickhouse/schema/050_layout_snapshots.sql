@@ -40,7 +40,7 @@ CREATE TABLE IF NOT EXISTS {database}.layout_snapshots
 )
 ENGINE = MergeTree
 PARTITION BY toDate(ts)
-ORDER BY (model, engine, ts)
+ORDER BY (model, server, engine, ts)
 TTL toDateTime(ts) + toIntervalDay({ttl_days})
 SETTINGS non_replicated_deduplication_window = 1000, ttl_only_drop_parts = 1;
 

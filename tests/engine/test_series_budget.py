@@ -1,0 +1,58 @@
+"""The series budget on a real vLLM CPU server: with the probe, the middleware and the
+sidecar scraping vLLM's /metrics, the one engine exports exactly ``series_budget``'s table
+for a reconciled engine, and the sidecar nothing outside its own table.
+
+The two things a run decides are read from the scrape: which finish statuses vLLM reported
+and which tables each sink wrote to; every other family's count is predicted.
+This module starts its own server (and sidecar) under the machine-wide vLLM lock.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvscope.sidecar.series_budget import (
+    EngineShape,
+    SidecarShape,
+    engine_series,
+    scraped,
+    sidecar_series,
+)
+from tests.engine.conftest import EngineStack
+from tests.engine.test_engine import get_text, wait_for_synced_engine
+
+pytestmark = pytest.mark.engine
+
+
+def labels_of(text: str, sample: str, label: str) -> Counter[str]:
+    return Counter(s.labels[label] for fam in text_string_to_metric_families(text)
+                   for s in fam.samples if s.name == sample)
+
+
+def test_a_real_engine_exports_exactly_its_budget(engine_stack: EngineStack) -> None:
+    for i, (max_tokens, stop) in enumerate([(8, None), (16, None), (8, ["w"])]):
+        r = httpx.post(f"{engine_stack.vllm.url}/v1/completions", timeout=60.0,
+                       trust_env=False, headers={"X-Client-Id": "budget",
+                                                 "User-Agent": "budget/1"},
+                       json={"model": "tiny", "prompt": f"w{i} w2 w3 w4",
+                             "max_tokens": max_tokens, "stop": stop})
+        assert r.status_code == 200, r.text
+    wait_for_synced_engine(engine_stack, timeout_s=30.0)
+    text = get_text(f"{engine_stack.sidecar.url}/metrics")
+    statuses = labels_of(text, "vllm_scheduler_requests_ended_total", "status")
+    tables = labels_of(text, "kvscope_sink_errors_total", "sink")
+    sinks = {sink: labels_of(text, "kvscope_sink_rows_written_total", "sink")[sink]
+             for sink in tables}
+    engine = engine_series(EngineShape(kv_groups=1, end_statuses=len(statuses),
+                                       reconciled=True))
+    want = engine + sidecar_series(SidecarShape(sinks, clients=1, agents=1,
+                                                vllm_scrapes=True))
+    got = scraped(text)
+    print(f"\nseries budget on vLLM: one engine {sum(engine.values())} series "
+          f"(statuses {sorted(statuses)}), the sidecar {sum(got.values())} in all "
+          f"(sinks {sinks})")
+    assert got == want
