@@ -1,0 +1,130 @@
+"""The decode-heavy engine the live and instruction benchmarks drive: vLLM's real scheduler
+(the twin) with no model, 16-token blocks, and enough short-prompt, long-output requests
+arriving to keep ``running`` seats busy.
+
+Run as a script it is one engine process: with ``--probe`` it loads the probe the way
+vLLM loads plugins (``KVSCOPE_PROBE_ENDPOINT`` set, then
+``vllm.plugins.load_general_plugins()``), builds the twin, prints ``READY``, waits for a
+line on stdin (``--wait``) and steps ``--warm + --steps`` times, then prints one JSON line.
+``--fork N1,N2,...`` (the instruction benchmark, under valgrind): vLLM is imported once,
+then one child per step count runs the same seeded schedule, so the parent's setup is the
+same in every child and cancels in their differences.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+BLOCK = 16
+NO_PREEMPT_POOL = 32768
+
+
+def config(running: int, pool: int) -> Any:
+    from kvscope.twin import TwinConfig
+
+    return TwinConfig(block_size=BLOCK, num_blocks=pool, max_num_seqs=running,
+                      max_num_batched_tokens=8192, max_model_len=4096, policy="fcfs",
+                      enable_prefix_caching=True)
+
+
+def preempting_pool(running: int) -> int:
+    """A pool about half of what ``running`` decode-heavy requests grow to: it preempts
+    once the batch has grown (prompts 128-512, outputs 256-1024 tokens: ~60 blocks each)."""
+    return max(256, running * 30)
+
+
+def requests(running: int, steps: int) -> list[Any]:
+    from kvscope.twin import WorkloadSpec, generate
+
+    # Enough requests that the seats stay full for the whole run: one request holds a
+    # seat for ~640 steps on average, so ``running`` seats need about
+    # running * steps / 640 arrivals, plus the first batch.
+    n = running + running * steps // 400 + 16
+    return generate(WorkloadSpec(
+        n_requests=n, short_fraction=1.0, short_prompt=(128, 512), long_prompt=(128, 512),
+        shared_prefix_fraction=0.0, shared_prefix_len=0, max_tokens=(256, 1024),
+        waves=max(1, n // 8), wave_interval_steps=max(1, 8 * 640 // (running or 1) // 2),
+        priorities=(0, 0), seed=0))
+
+
+def run_engine(running: int, pool: int, warm: int, steps: int, wait: bool) -> dict[str, Any]:
+    from kvscope.twin.engine import Twin
+
+    twin = Twin(config(running, pool), seed=0)
+    reqs = requests(running, warm + steps)
+    seats: list[int] = []
+    if wait:
+        print("READY", flush=True)
+        sys.stdin.readline()
+    t0 = time.perf_counter()
+    res = twin.run(reqs, max_steps=warm + steps,
+                   on_step=lambda i, o: seats.append(len(twin.scheduler.running)))
+    wall = time.perf_counter() - t0
+    measured = seats[warm:] or [0]
+    return {"steps": res.steps, "preemptions": res.preemptions, "wall_s": wall,
+            "running_min": min(measured), "running_max": max(measured),
+            "running_mean": sum(measured) / len(measured)}
+
+
+def load_probe(endpoint: str) -> None:
+    os.environ["KVSCOPE_PROBE_ENDPOINT"] = endpoint
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
+
+
+def stop_probe() -> None:
+    from kvscope_probe import plugin
+
+    plugin.stop_all()
+
+
+def fork_runs(args: argparse.Namespace) -> None:
+    """One child per step count, forked after vLLM is imported (see the module doc)."""
+    import kvscope.twin.engine  # noqa: F401 - the setup every child shares
+
+    for n in (int(x) for x in args.fork.split(",")):
+        pid = os.fork()
+        if pid == 0:
+            if args.probe:
+                load_probe(args.probe)
+            out = run_engine(args.running, args.pool, args.warm, n - args.warm, False)
+            if args.probe:
+                stop_probe()
+            print(json.dumps({"fork_steps": n, "pid": os.getpid(), **out}), flush=True)
+            os._exit(0)
+        os.waitpid(pid, 0)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--running", type=int, default=256)
+    p.add_argument("--pool", type=int, default=NO_PREEMPT_POOL)
+    p.add_argument("--warm", type=int, default=200)
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--probe", default="", help="probe endpoint; empty: probe off")
+    p.add_argument("--engine", default="")
+    p.add_argument("--wait", action="store_true")
+    p.add_argument("--fork", default="", help="comma-separated total step counts")
+    args = p.parse_args()
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    if args.engine:
+        os.environ["KVSCOPE_ENGINE"] = args.engine
+    if args.fork:
+        fork_runs(args)
+        return
+    if args.probe:
+        load_probe(args.probe)
+    out = run_engine(args.running, args.pool, args.warm, args.steps, args.wait)
+    if args.probe:
+        stop_probe()
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
