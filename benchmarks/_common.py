@@ -115,8 +115,11 @@ def vllm_lock(wait_s: float = 3600.0) -> Iterator[float]:
 class Sidecar:
     """``kvscope serve`` as a subprocess in its own process group, on a free port."""
 
-    def __init__(self, endpoint: str, log_path: Path, extra: Sequence[str] = ()) -> None:
+    def __init__(self, endpoint: str, log_path: Path, extra: Sequence[str] = (),
+                 prefix: Sequence[str] = ()) -> None:
         self.endpoint = endpoint
+        self.prefix = list(prefix)
+        """A command the sidecar runs under (valgrind)."""
         self.extra = list(extra)
         """More ``kvscope serve`` flags (store, decision log, data dir)."""
         self.port = free_port()
@@ -125,7 +128,7 @@ class Sidecar:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, ready_timeout_s: float = 30.0) -> None:
-        argv = [sys.executable, "-m", "kvscope", "serve", "--endpoint", self.endpoint,
+        argv = [*self.prefix, sys.executable, "-m", "kvscope", "serve", "--endpoint", self.endpoint,
                 "--port", str(self.port), "--log-level", "warning", *self.extra]
         env = {k: v for k, v in os.environ.items() if not k.startswith("KVSCOPE_")}
         with self.log_path.open("ab") as log:

@@ -6,9 +6,9 @@ Run as a script it is one engine process: with ``--probe`` it loads the probe th
 vLLM loads plugins (``KVSCOPE_PROBE_ENDPOINT`` set, then
 ``vllm.plugins.load_general_plugins()``), builds the twin, prints ``READY``, waits for a
 line on stdin (``--wait``) and steps ``--warm + --steps`` times, then prints one JSON line.
-``--fork N1,N2,...`` (the instruction benchmark, under valgrind): vLLM is imported once,
-then one child per step count runs the same seeded schedule, so the parent's setup is the
-same in every child and cancels in their differences.
+``--jobs JSON`` (the instruction benchmark, under valgrind): vLLM is imported once, then
+one child per job is forked; children of the same engine settings run the same seeded
+schedule, and the parent's setup, the same in every child, cancels in their differences.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 
 BLOCK = 16
 NO_PREEMPT_POOL = 32768
+HOLD_STEPS = 640
 
 
 def config(running: int, pool: int) -> Any:
@@ -33,23 +34,26 @@ def config(running: int, pool: int) -> Any:
 
 
 def preempting_pool(running: int) -> int:
-    """A pool about half of what ``running`` decode-heavy requests grow to: it preempts
+    """A pool about 40% of what ``running`` decode-heavy requests grow to: it preempts
     once the batch has grown (prompts 128-512, outputs 256-1024 tokens: ~60 blocks each)."""
-    return max(256, running * 30)
+    return max(256, running * 24)
 
 
 def requests(running: int, steps: int) -> list[Any]:
+    """``running`` requests at step 0, then one every ``HOLD_STEPS / running`` steps: a
+    request holds its seat for about HOLD_STEPS steps (outputs 256-1024 tokens), so the
+    seats stay about full, decoding, with a few prefills a step."""
+    from dataclasses import replace
+
     from kvscope.twin import WorkloadSpec, generate
 
-    # Enough requests that the seats stay full for the whole run: one request holds a
-    # seat for ~640 steps on average, so ``running`` seats need about
-    # running * steps / 640 arrivals, plus the first batch.
-    n = running + running * steps // 400 + 16
-    return generate(WorkloadSpec(
+    n = running + running * steps // HOLD_STEPS + 16
+    reqs = generate(WorkloadSpec(
         n_requests=n, short_fraction=1.0, short_prompt=(128, 512), long_prompt=(128, 512),
         shared_prefix_fraction=0.0, shared_prefix_len=0, max_tokens=(256, 1024),
-        waves=max(1, n // 8), wave_interval_steps=max(1, 8 * 640 // (running or 1) // 2),
-        priorities=(0, 0), seed=0))
+        waves=1, wave_interval_steps=1, priorities=(0, 0), seed=0))
+    return [replace(r, arrival_step=max(0, (k - running) * HOLD_STEPS // running))
+            for k, r in enumerate(reqs)]
 
 
 def run_engine(running: int, pool: int, warm: int, steps: int, wait: bool) -> dict[str, Any]:
@@ -84,19 +88,21 @@ def stop_probe() -> None:
     plugin.stop_all()
 
 
-def fork_runs(args: argparse.Namespace) -> None:
-    """One child per step count, forked after vLLM is imported (see the module doc)."""
+def fork_runs(jobs: list[dict[str, Any]]) -> None:
+    """One child per job, forked after vLLM is imported (see the module doc); each job:
+    running, pool, warm, steps, probe (endpoint or ""), tag."""
     import kvscope.twin.engine  # noqa: F401 - the setup every child shares
 
-    for n in (int(x) for x in args.fork.split(",")):
+    for job in jobs:
         pid = os.fork()
         if pid == 0:
-            if args.probe:
-                load_probe(args.probe)
-            out = run_engine(args.running, args.pool, args.warm, n - args.warm, False)
-            if args.probe:
+            if job["probe"]:
+                os.environ["KVSCOPE_ENGINE"] = job["tag"]
+                load_probe(job["probe"])
+            out = run_engine(job["running"], job["pool"], job["warm"], job["steps"], False)
+            if job["probe"]:
                 stop_probe()
-            print(json.dumps({"fork_steps": n, "pid": os.getpid(), **out}), flush=True)
+            print(json.dumps({"job": job, "pid": os.getpid(), **out}), flush=True)
             os._exit(0)
         os.waitpid(pid, 0)
 
@@ -110,13 +116,13 @@ def main() -> None:
     p.add_argument("--probe", default="", help="probe endpoint; empty: probe off")
     p.add_argument("--engine", default="")
     p.add_argument("--wait", action="store_true")
-    p.add_argument("--fork", default="", help="comma-separated total step counts")
+    p.add_argument("--jobs", default="", help="JSON list of jobs to fork (see fork_runs)")
     args = p.parse_args()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     if args.engine:
         os.environ["KVSCOPE_ENGINE"] = args.engine
-    if args.fork:
-        fork_runs(args)
+    if args.jobs:
+        fork_runs(json.loads(args.jobs))
         return
     if args.probe:
         load_probe(args.probe)
