@@ -116,8 +116,10 @@ class Sidecar:
     """``kvscope serve`` as a subprocess in its own process group, on a free port."""
 
     def __init__(self, endpoint: str, log_path: Path, extra: Sequence[str] = (),
-                 prefix: Sequence[str] = ()) -> None:
+                 prefix: Sequence[str] = (), env: dict[str, str] | None = None) -> None:
         self.endpoint = endpoint
+        self.env = dict(env or {})
+        """Environment set for the sidecar only (PYTHONPATH of a baseline checkout)."""
         self.prefix = list(prefix)
         """A command the sidecar runs under (valgrind)."""
         self.extra = list(extra)
@@ -131,6 +133,7 @@ class Sidecar:
         argv = [*self.prefix, sys.executable, "-m", "kvscope", "serve", "--endpoint", self.endpoint,
                 "--port", str(self.port), "--log-level", "warning", *self.extra]
         env = {k: v for k, v in os.environ.items() if not k.startswith("KVSCOPE_")}
+        env.update(self.env)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT, env=env,

@@ -56,7 +56,8 @@ def requests(running: int, steps: int) -> list[Any]:
             for k, r in enumerate(reqs)]
 
 
-def run_engine(running: int, pool: int, warm: int, steps: int, wait: bool) -> dict[str, Any]:
+def run_engine(running: int, pool: int, warm: int, steps: int, wait: bool,
+               interval_s: float = 0.0) -> dict[str, Any]:
     from kvscope.twin.engine import Twin
 
     twin = Twin(config(running, pool), seed=0)
@@ -66,7 +67,7 @@ def run_engine(running: int, pool: int, warm: int, steps: int, wait: bool) -> di
         print("READY", flush=True)
         sys.stdin.readline()
     t0 = time.perf_counter()
-    res = twin.run(reqs, max_steps=warm + steps,
+    res = twin.run(reqs, max_steps=warm + steps, step_interval_s=interval_s,
                    on_step=lambda i, o: seats.append(len(twin.scheduler.running)))
     wall = time.perf_counter() - t0
     measured = seats[warm:] or [0]
@@ -88,18 +89,22 @@ def stop_probe() -> None:
     plugin.stop_all()
 
 
-def fork_runs(jobs: list[dict[str, Any]]) -> None:
+def fork_runs(jobs: list[dict[str, Any]], wait: bool) -> None:
     """One child per job, forked after vLLM is imported (see the module doc); each job:
     running, pool, warm, steps, probe (endpoint or ""), tag."""
     import kvscope.twin.engine  # noqa: F401 - the setup every child shares
 
+    if wait:  # until the receivers are up
+        print("READY", flush=True)
+        sys.stdin.readline()
     for job in jobs:
         pid = os.fork()
         if pid == 0:
             if job["probe"]:
                 os.environ["KVSCOPE_ENGINE"] = job["tag"]
                 load_probe(job["probe"])
-            out = run_engine(job["running"], job["pool"], job["warm"], job["steps"], False)
+            out = run_engine(job["running"], job["pool"], job["warm"], job["steps"], False,
+                             job.get("interval", 0.0))
             if job["probe"]:
                 stop_probe()
             print(json.dumps({"job": job, "pid": os.getpid(), **out}), flush=True)
@@ -122,7 +127,7 @@ def main() -> None:
     if args.engine:
         os.environ["KVSCOPE_ENGINE"] = args.engine
     if args.jobs:
-        fork_runs(json.loads(args.jobs))
+        fork_runs(json.loads(args.jobs), args.wait)
         return
     if args.probe:
         load_probe(args.probe)

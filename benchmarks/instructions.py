@@ -1,7 +1,8 @@
 """Instructions, not time: the probe's and the sidecar's cost counted by cachegrind.
 
     python benchmarks/instructions.py [--running 256 128 32] [--warm 40] [--short 20]
-        [--long 120] [--no-sidecar | --no-probe] [--against CHECKOUT] [--out DIR]
+        [--long 120] [--no-sidecar | --no-probe [--pace N]] [--against CHECKOUT]
+        [--layout-interval S] [--out DIR]
 
 ``valgrind --tool=cachegrind --cache-sim=no`` counts every instruction of every thread
 exactly, so this machine's run-to-run noise does not apply. One engine process
@@ -16,9 +17,13 @@ setup, warm-up and exit cancel. ``on / off`` is the whole engine process's ratio
 The sidecar: two ``kvscope serve --clickhouse-dsn off --decision-log off`` processes under
 valgrind (two more of another checkout with ``--against``), started and stopped together
 (so their idle threads run as long), one fed a short run of the largest engine setting,
-the other a long one (engine children under valgrind
-too, so the two sides keep their live speed ratio); their difference over the steps is
-the sidecar's instructions per ingested engine step.
+the other a long one; their difference over the steps is the sidecar's instructions per
+ingested engine step. The engine runs under valgrind too, so the two sides keep their
+live speed ratio; or, with ``--pace N`` (``--no-probe`` only), natively at N steps a
+second, the rate a valgrind sidecar keeps up with, which skips vLLM's import under
+valgrind (tens of minutes on a loaded 2-core machine). Per-second work is then ~N/100 of
+a live engine's steps apart: ``--layout-interval`` scales the layout sampler to match
+(at 5 steps/s, 20 s is one snapshot per 100 steps, as live at 100 steps/s).
 
 Under valgrind the engine steps ~50x slower, so the probe's per-interval work (the sender
 wakes every ``KVSCOPE_PROBE_FLUSH_S``, keyframes every ``KVSCOPE_PROBE_KEYFRAME_S``) would
@@ -37,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -60,51 +66,47 @@ def total_ir(path: Path) -> int:
 
 
 def jobs(args: argparse.Namespace, sink: str, sidecars: dict[str, str]) -> list[dict[str, Any]]:
+    """The sidecars' feeds first (the largest setting), then the probe's settings."""
     out = []
-    for running in args.running:
-        for pre in (False, True) if not args.no_probe else ():
+    for key, endpoint in sidecars.items():
+        n = args.short if key.endswith("short") else args.long
+        out.append({"running": max(args.running), "pool": NO_PREEMPT_POOL, "warm": args.warm,
+                    "steps": n, "probe": endpoint, "preempt": False, "tag": f"side-{key}",
+                    "sidecar": key, "interval": 1 / args.pace if args.pace else 0.0})
+    for running in args.running if not args.no_probe else ():
+        for pre in (False, True):
             pool = preempting_pool(running) if pre else NO_PREEMPT_POOL
             for probe in ("", sink):
                 for n in (args.short, args.long):
                     out.append({"running": running, "pool": pool, "warm": args.warm,
                                 "steps": n, "probe": probe, "preempt": pre,
                                 "tag": f"p{running}-{pool}-{n}"})
-        if running == max(args.running) and sidecars:  # after the 256 settings, the sidecar's pair
-            for key, endpoint in sidecars.items():
-                n = args.short if key.endswith("short") else args.long
-                out.append({"running": running, "pool": NO_PREEMPT_POOL, "warm": args.warm,
-                            "steps": n, "probe": endpoint, "preempt": False,
-                            "tag": f"side-{key}", "sidecar": key})
     return out
 
 
-def start_sidecars(work: Path, against: Path | None) -> dict[str, Sidecar]:
-    """The sidecars, keyed ``"<label>-<short|long>"``, started one after the other (each
-    waits to answer). Label ``this``: this checkout; ``against``: another checkout whose
-    ``exporter/`` they import instead (a baseline), measured in the same run."""
-    srcs: dict[str, Path | None] = {"this": None}
-    if against is not None:
-        srcs["against"] = against
+def make_sidecars(work: Path, layout_s: float, against: Path | None) -> dict[str, Sidecar]:
+    """The sidecars, keyed ``"<label>-<short|long>"``: label ``this`` runs this checkout,
+    ``against`` another checkout's ``exporter/`` (a baseline, measured in the same run)."""
     sides = {}
-    for label, src in srcs.items():
+    for label in ("this", "against") if against is not None else ("this",):
         for length in ("short", "long"):
             key = f"{label}-{length}"
             d = work / f"side-{key}"
             (d / "run").mkdir(parents=True)
-            sides[key] = s = Sidecar(
+            sides[key] = Sidecar(
                 f"ipc://{d}/run/probe.sock", d / "sidecar.log",
-                ["--clickhouse-dsn=off", "--decision-log=off", f"--data-dir={d}/data"],
-                prefix=[*VALGRIND, f"--cachegrind-out-file={d}/cg.out"])
-            path = os.environ.pop("PYTHONPATH", None)
-            if src is not None:
-                os.environ["PYTHONPATH"] = f"{src}/exporter"
-            try:
-                s.start(900.0)
-            finally:
-                os.environ.pop("PYTHONPATH", None)
-                if path is not None:
-                    os.environ["PYTHONPATH"] = path
+                ["--clickhouse-dsn=off", "--decision-log=off", f"--data-dir={d}/data",
+                 f"--layout-interval={layout_s}"],
+                prefix=[*VALGRIND, f"--cachegrind-out-file={d}/cg.out"],
+                env={"PYTHONPATH": f"{against}/exporter"} if label == "against" else None)
     return sides
+
+
+def start_sidecars(sides: dict[str, Sidecar]) -> None:
+    """Start them all at once and wait until each answers; the engine may already be
+    sending: ZMQ queues its frames until the sidecar binds."""
+    with ThreadPoolExecutor(len(sides) or 1) as pool:
+        list(pool.map(lambda s: s.start(1200.0), sides.values()))
 
 
 def per_step(rows: list[dict[str, Any]], key: Any) -> dict[str, Any] | None:
@@ -149,35 +151,50 @@ def main() -> None:
     p.add_argument("--no-probe", action="store_true", help="only the sidecar's pair")
     p.add_argument("--against", type=Path, default=None,
                    help="also measure the sidecar of this checkout (a baseline)")
+    p.add_argument("--pace", type=float, default=0.0,
+                   help="with --no-probe: run the engine natively at this many steps a "
+                        "second instead of under valgrind")
+    p.add_argument("--layout-interval", type=float, default=1.0,
+                   help="the sidecars' --layout-interval (seconds)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kvscope-instr-"))
     out = args.out or work
     out.mkdir(parents=True, exist_ok=True)
     os.environ.update(QUIET_ENV)
+    os.environ.pop("PYTHONPATH", None)
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(1))  # so `finally` stops what it started
     sink = Sink(f"ipc://{work}/sink.sock")
     sink.start()
-    sides = {} if args.no_sidecar else start_sidecars(work, args.against)
+    sides = {} if args.no_sidecar else make_sidecars(work, args.layout_interval, args.against)
     rows: list[dict[str, Any]] = []
     proc: subprocess.Popen[str] | None = None
+    side: dict[str, Any] | None = None
     try:
         todo = jobs(args, sink.endpoint, {k: s.endpoint for k, s in sides.items()})
-        argv = [*VALGRIND, f"--cachegrind-out-file={work}/cg.%p", sys.executable,
-                str(HERE / "decode_feed.py"), "--jobs", json.dumps(todo)]
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                text=True, start_new_session=True)
+        under = [] if args.pace else [*VALGRIND, f"--cachegrind-out-file={work}/cg.%p"]
+        argv = [*under, sys.executable,
+                str(HERE / "decode_feed.py"), "--jobs", json.dumps(todo), "--wait"]
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+        start_sidecars(sides)  # while the engine imports vLLM
+        proc.stdin.write("\n")  # type: ignore[union-attr]
+        proc.stdin.flush()  # type: ignore[union-attr]
         for line in proc.stdout:
             if not line.startswith("{"):
                 continue
             r = json.loads(line)
-            r["ir"] = total_ir(work / f"cg.{r['pid']}")
+            r["ir"] = 0 if args.pace else total_ir(work / f"cg.{r['pid']}")
             rows.append(r)
             print(f"  job {r['job']['tag']} probe={'on' if r['job']['probe'] else 'off'}: "
                   f"{r['steps']} steps, {r['ir'] / 1e9:.2f} G instructions", flush=True)
+            if sides and side is None and len(rows) == len(sides):  # their feeds are done
+                side = sidecar_instructions(sides, rows)
+                for label, v in side.items():
+                    print(f"sidecar ({label}): {v['ir_per_step'] / 1e6:.3f} M instructions "
+                          f"per ingested engine step", flush=True)
         proc.wait()
         proc = None
-        side = sidecar_instructions(sides, rows) if sides else None
     finally:
         if proc is not None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -187,20 +204,16 @@ def main() -> None:
     table = report(rows, args)
     summary = {"git": git_state(), "noise": machine_noise(), "probe": table,
                "sidecar": side, "jobs": rows, "args": vars(args) | {"out": str(out)}}
-    for label, r in (side or {}).items():
-        print(f"sidecar ({label}): {r['ir_per_step'] / 1e6:.3f} M instructions per ingested "
-              f"engine step ({r['steps']} steps apart)")
     line = json.dumps(summary, default=str)
     (out / "summary.json").write_text(line)
     print(line)
 
 
-def sidecar_instructions(sides: dict[str, Sidecar], rows: list[dict[str, Any]]) -> Any:
+def sidecar_instructions(sides: dict[str, Sidecar],
+                         rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Wait until each sidecar has every step of its feed, stop them all together, and
     difference each label's long and short sidecar."""
     fed = {r["job"]["sidecar"]: r for r in rows if "sidecar" in r["job"]}
-    if set(fed) != set(sides):
-        return None
     for key, s in sides.items():
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:

@@ -1,7 +1,7 @@
 """The sidecar's cost live: a real ``kvscope serve`` fed by real probes in twin engines.
 
     python benchmarks/sidecar_live.py [--variants on off] [--engines 1] [--running 256]
-        [--steps 2000] [--py-spy] [--out DIR]
+        [--steps 2000] [--py-spy] [--against CHECKOUT] [--out DIR]
 
 Each engine is ``decode_feed.py`` in its own process: vLLM's real scheduler with no model,
 16-token blocks, a 32,768-block pool, ``--running`` seats kept busy by short-prompt,
@@ -16,13 +16,17 @@ engines connect) over the same time, divided by the engine steps it ingested; th
 it wrote per second and per step per engine (``kvscope_sink_rows_written_total``); its
 RSS growth per engine; and with ``--py-spy`` a ``py-spy record -r 200 -f raw --threads``
 profile of the sidecar over the feed, summed by thread and by function. A report, never
-an assertion: prints a table and one JSON line (also ``summary.json``).
+an assertion: prints a table and one JSON line (also ``summary.json``). ``--against``
+runs each variant with another checkout's sidecar too (its ``exporter/`` first on the
+sidecar's ``PYTHONPATH``; the engines and the probe stay this checkout's), right after
+this one's: compare sidecars in one run, not across runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -128,12 +132,24 @@ def breakdown(path: Path) -> dict[str, Any]:
             "self": share(leaf)}
 
 
-def measure(args: argparse.Namespace, variant: str, work: Path) -> dict[str, Any]:
-    vdir = work / variant
+def start_sidecar(endpoint: str, vdir: Path, variant: str, src: Path | None) -> Sidecar:
+    """``kvscope serve`` of this checkout, or of ``src``'s ``exporter/`` (a baseline)."""
+    side = Sidecar(endpoint, vdir / "sidecar.log", VARIANTS[variant](vdir))
+    if src is not None:
+        os.environ["PYTHONPATH"] = f"{src}/exporter"
+    try:
+        side.start(60.0)
+    finally:
+        os.environ.pop("PYTHONPATH", None)
+    return side
+
+
+def measure(args: argparse.Namespace, variant: str, work: Path, label: str,
+            src: Path | None) -> dict[str, Any]:
+    vdir = work / f"{label}-{variant}"
     (vdir / "run").mkdir(parents=True)
     endpoint = f"ipc://{vdir}/run/probe.sock"
-    side = Sidecar(endpoint, vdir / "sidecar.log", VARIANTS[variant](vdir))
-    side.start(60.0)
+    side = start_sidecar(endpoint, vdir, variant, src)
     engines: list[Any] = []
     try:
         time.sleep(args.settle_s)
@@ -173,7 +189,8 @@ def measure(args: argparse.Namespace, variant: str, work: Path) -> dict[str, Any
     busy = (c1 - c0) - idle_rate * wall
     rows = {k: rows1.get(k, 0.0) - rows0.get(k, 0.0) for k in rows1}
     out = {
-        "variant": variant, "engines": args.engines, "steps": steps, "wall_s": wall,
+        "variant": variant, "sidecar": label, "engines": args.engines, "steps": steps,
+        "wall_s": wall,
         "sidecar_cpu_s": c1 - c0, "idle_cpu_per_s": idle_rate,
         "us_per_engine_step": busy / max(1, steps) * 1e6,
         "cores": busy / wall, "engine_steps_per_s": steps / wall / args.engines,
@@ -202,18 +219,24 @@ def main() -> None:
     p.add_argument("--idle-s", type=float, default=5.0)
     p.add_argument("--settle-s", type=float, default=3.0)
     p.add_argument("--py-spy", action="store_true")
+    p.add_argument("--against", type=Path, default=None,
+                   help="also run another checkout's sidecar, each variant after this one's")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kvscope-live-"))
     out = args.out or work
     out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {"git": git_state(), "noise": machine_noise(), "runs": []}
-    print(f"{'variant':8} {'steps':>6} {'steps/s':>8} {'us/step':>8} {'cores':>6} "
+    srcs: dict[str, Path | None] = {"this": None}
+    if args.against is not None:
+        srcs["against"] = args.against
+    os.environ.pop("PYTHONPATH", None)
+    print(f"{'sidecar':8} {'variant':8} {'steps':>6} {'steps/s':>8} {'us/step':>8} {'cores':>6} "
           f"{'rows/s/eng':>10} {'rss/eng MiB':>11} mism gaps drop")
-    for v in args.variants:
-        r = measure(args, v, work)
+    for v, label in ((v, label) for v in args.variants for label in srcs):
+        r = measure(args, v, work, label, srcs[label])
         summary["runs"].append(r)
-        print(f"{v:8} {r['steps']:6d} {r['engine_steps_per_s']:8.0f} "
+        print(f"{label:8} {v:8} {r['steps']:6d} {r['engine_steps_per_s']:8.0f} "
               f"{r['us_per_engine_step']:8.0f} {r['cores']:6.3f} "
               f"{sum(r['rows_per_s_per_engine'].values()):10.0f} "
               f"{r['rss_per_engine_kib'] / 1024:11.1f} {r['mismatches']:4d} {r['gaps']:4d} "
