@@ -23,7 +23,8 @@ live speed ratio; or, with ``--pace N`` (``--no-probe`` only), natively at N ste
 second, the rate a valgrind sidecar keeps up with, which skips vLLM's import under
 valgrind (tens of minutes on a loaded 2-core machine). Per-second work is then ~N/100 of
 a live engine's steps apart: ``--layout-interval`` scales the layout sampler to match
-(at 5 steps/s, 20 s is one snapshot per 100 steps, as live at 100 steps/s).
+(at 5 steps/s, 20 s is one snapshot per 100 steps, as live at 100 steps/s); the ledger's
+longest-free-run sample (at most every 0.1 s of wall time) is not rescaled.
 
 Under valgrind the engine steps ~50x slower, so the probe's per-interval work (the sender
 wakes every ``KVSCOPE_PROBE_FLUSH_S``, keyframes every ``KVSCOPE_PROBE_KEYFRAME_S``) would
