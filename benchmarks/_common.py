@@ -115,17 +115,25 @@ def vllm_lock(wait_s: float = 3600.0) -> Iterator[float]:
 class Sidecar:
     """``kvscope serve`` as a subprocess in its own process group, on a free port."""
 
-    def __init__(self, endpoint: str, log_path: Path) -> None:
+    def __init__(self, endpoint: str, log_path: Path, extra: Sequence[str] = (),
+                 prefix: Sequence[str] = (), env: dict[str, str] | None = None) -> None:
         self.endpoint = endpoint
+        self.env = dict(env or {})
+        """Environment set for the sidecar only (PYTHONPATH of a baseline checkout)."""
+        self.prefix = list(prefix)
+        """A command the sidecar runs under (valgrind)."""
+        self.extra = list(extra)
+        """More ``kvscope serve`` flags (store, decision log, data dir)."""
         self.port = free_port()
         self.url = f"http://{HOST}:{self.port}"
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, ready_timeout_s: float = 30.0) -> None:
-        argv = [sys.executable, "-m", "kvscope", "serve", "--endpoint", self.endpoint,
-                "--port", str(self.port), "--log-level", "warning"]
+        argv = [*self.prefix, sys.executable, "-m", "kvscope", "serve", "--endpoint", self.endpoint,
+                "--port", str(self.port), "--log-level", "warning", *self.extra]
         env = {k: v for k, v in os.environ.items() if not k.startswith("KVSCOPE_")}
+        env.update(self.env)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT, env=env,

@@ -72,3 +72,40 @@ def test_no_prompt_token_reaches_any_row() -> None:
     text = repr(rows) + log
     assert "prompt_token_ids" not in text
     assert all(not hasattr(r, "prompt_token_ids") for r in rows)
+
+
+def test_rows_no_sink_takes_are_not_built_and_traces_do_not_change() -> None:
+    """With the store and decision log off (no sink takes events or decisions) the
+    tracker builds none of them, and every trace and decision is the same as with them
+    (per-second step rows are left out: their boundaries follow the wall clock)."""
+
+    def run(wants: object) -> list[object]:
+        pt = ProbedTwin(TwinConfig(num_blocks=48), seed=5)
+        rows: list[object] = []
+        tracker = RequestTracker(rows.append, wants=wants)  # type: ignore[arg-type]
+        pt.hub.listeners.append(tracker.on_event)
+        pt.run(generate(WorkloadSpec(n_requests=60, seed=5)))
+        tracker.flush(pt.hub.engines)
+        return rows
+
+    everything = run(None)
+    sinks = SinkManager([DecisionLog(stream=io.StringIO())])  # takes decisions only
+    some = run(sinks.wants)
+    sinks.close()
+    kinds = Counter(type(r).__name__ for r in everything)
+    assert kinds["RequestEvent"] > 0 and kinds["SchedulerDecision"] > 0
+    assert not any(isinstance(r, RequestEvent) for r in some)
+    keep = (RequestTrace, SchedulerDecision)
+    # ts fields come from the clock, and a trace's max-contiguous at admission is sampled
+    # at most MAXRUN_SAMPLE_S of wall time old: compare the rows without them
+    def strip(rows: list[object]) -> list[tuple[str, tuple[object, ...]]]:
+        return [(type(r).__name__, tuple(v for k, v in sorted(vars_of(r).items())
+                                         if not k.endswith(("ts", "seconds"))
+                                         and k != "max_contiguous_free_blocks_at_alloc"))
+                for r in rows if isinstance(r, keep)]
+    assert strip(some) == strip(everything)
+    assert SinkManager([]).wants("request_events") is False
+
+
+def vars_of(row: object) -> dict[str, object]:
+    return {k: getattr(row, k) for k in row.__slots__}  # type: ignore[attr-defined]

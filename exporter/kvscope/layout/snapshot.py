@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from kvscope.layout.owners import owner_figures
 from kvscope.state.engine import EngineState
 from kvscope_probe import wire
 from kvscope_probe.identity import engine_key
@@ -185,21 +186,11 @@ def build_snapshot(c: EngineCopy, ts: float) -> Snapshot:
     multi = len(c.hello.kv_groups) > 1
     owner = np.full(n, NO_OWNER, np.int32)
     group = np.full(n, SHARED_GROUP if multi else 0, np.int16)
-    owners: list[Owner] = []
-    for idx, (rid, table) in enumerate(c.tables.items()):
-        total = shared = frags = 0
-        for g, ids in enumerate(table):
-            a = np.asarray(ids, dtype=np.int64)
-            a = a[(a > 0) & (a < n)]
-            taken = owner[a] != NO_OWNER
-            shared += int(np.count_nonzero(taken))
-            owner[a[~taken]] = idx
-            if multi:
-                group[a] = g
-            total += a.size
-            frags += fragments(ids)
-        tables = tuple(GroupTable(table_runs(ids)) for ids in table)
-        owners.append(Owner(rid, total, frags, c.tokens.get(rid, 0), shared, tables))
+    blocks, shared, frags, runs_of = owner_figures(c.tables, n, owner,
+                                                   group if multi else None)
+    owners = [Owner(rid, blocks[i], frags[i], c.tokens.get(rid, 0), shared[i],
+                    tuple(GroupTable(r) for r in runs_of[i]))
+              for i, rid in enumerate(c.tables)]
     used = arr == wire.STATE_USED
     owner[~used] = NO_OWNER
     if multi:

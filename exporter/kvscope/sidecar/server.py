@@ -43,7 +43,7 @@ class Sidecar:
         self.hub = Hub(health_timeout_s=cfg.health_timeout_s)
         self.sinks, store = open_sinks(cfg)
         self.clients = ClientJoin(self.sinks.emit, keyer=keyer)
-        self.tracker = RequestTracker(self._route)
+        self.tracker = RequestTracker(self._route, wants=self.sinks.wants)
         self.hub.listeners.append(self.tracker.on_event)
         self.hub.client_listeners.append(self.clients.on_client)
         self.hub.tick_listeners.append(self.clients.tick)
@@ -71,7 +71,7 @@ class Sidecar:
             receiver_alive=lambda: self.receiver.alive(),
         )
         self.layout = LayoutSampler(self.hub, interval_s=cfg.layout_interval_s)
-        self.layout.subscribe(lambda snap: [self.sinks.emit(to_row(r)) for r in layout_rows(snap)])
+        self.layout.subscribe(self._layout_rows)
         history = clickhouse_history(store.client, store.database) if store else None
         self.app.include_router(layout_router(self.hub, self.layout, history))
         # uvicorn re-raises SIGTERM/SIGINT once it has shut down, so nothing after
@@ -80,6 +80,12 @@ class Sidecar:
         self._stopped = False
         self.server = uvicorn.Server(_uvicorn_config(cfg, self.app))
         self._thread: threading.Thread | None = None
+
+    def _layout_rows(self, snap: Any) -> None:
+        # A snapshot's row is three lists of one entry per block: built only for a store.
+        if self.sinks.wants("layout_snapshots"):
+            for r in layout_rows(snap):
+                self.sinks.emit(to_row(r))
 
     def _route(self, row: object) -> None:
         """Traces wait for their client event; every other row goes straight out."""

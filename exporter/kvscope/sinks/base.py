@@ -41,6 +41,10 @@ class SinkManager:
     def add(self, sink: Sink) -> None:
         self.sinks.append(sink)
 
+    def wants(self, table: str) -> bool:
+        """Whether any sink takes rows of ``table``: rows nobody takes are not built."""
+        return any(sink.accepts(table) for sink in self.sinks)
+
     def emit(self, row: Any) -> None:
         table = table_of(row)
         for sink in self.sinks:

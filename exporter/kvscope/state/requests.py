@@ -26,8 +26,11 @@ MAX_LIVE_REQUESTS = 100_000
 class RequestTracker:
     """Turns one engine stream into rows; register ``on_event`` as a Hub listener."""
 
-    def __init__(self, emit: Emit) -> None:
+    def __init__(self, emit: Emit, wants: Callable[[str], bool] | None = None) -> None:
         self.emit = emit
+        self.wants = wants or (lambda table: True)
+        """Whether a table's rows are taken at all (``SinkManager.wants``): the per-step
+        events and decisions are not built when no sink takes them."""
         self.live: dict[str, OrderedDict[str, Live]] = {}
         self.rollups = Rollups(emit, self._decision)
         self.prefilling: dict[str, set[str]] = {}
@@ -44,10 +47,19 @@ class RequestTracker:
         elif kind == "preemption":
             self._preemption(st, payload)  # type: ignore[arg-type]
 
+    _events_wanted = _decisions_wanted = True
+
+    def _wanted(self) -> None:
+        """Asked once a step (a sink may be added while running)."""
+        self._events_wanted = self.wants("request_events")
+        self._decisions_wanted = self.wants("scheduler_decisions")
+
     def _reqs(self, st: EngineState) -> OrderedDict[str, Live]:
         return self.live.setdefault(st.key, OrderedDict())
 
     def _event(self, st: EngineState, ts: float, rid: str, event: str, **kw: Any) -> None:
+        if not self._events_wanted:
+            return
         led = st.ledger
         self.emit(RequestEvent(
             ts=ts, model=st.hello.model, engine=st.engine, server=st.server, request_id=rid,
@@ -60,6 +72,8 @@ class RequestTracker:
 
     def _decision(self, st: EngineState, ts: float, decision: str, rid: str, msg: str,
                   **kw: Any) -> None:
+        if not self._decisions_wanted:
+            return
         self.emit(SchedulerDecision(
             ts=ts, model=st.hello.model, engine=st.engine, server=st.server, decision=decision,
             request_id=rid,
@@ -71,6 +85,7 @@ class RequestTracker:
     def _step(self, st: EngineState, s: wire.Step) -> None:
         """Rows for one step. Runs after the ledger applied it: per-request work is done
         only for requests that arrived, were admitted, resumed, grew or ended."""
+        self._wanted()
         reqs = self._reqs(st)
         led = st.ledger
         free = led.free if led.synced else -1

@@ -1,0 +1,241 @@
+"""Instructions, not time: the probe's and the sidecar's cost counted by cachegrind.
+
+    python benchmarks/instructions.py [--running 256 128 32] [--warm 40] [--short 20]
+        [--long 120] [--no-sidecar | --no-probe [--pace N]] [--against CHECKOUT]
+        [--layout-interval S] [--out DIR]
+
+``valgrind --tool=cachegrind --cache-sim=no`` counts every instruction of every thread
+exactly, so this machine's run-to-run noise does not apply. One engine process
+(``decode_feed.py --jobs``) runs under valgrind: it imports vLLM once and forks one child
+per job, so the import and the twin's setup are the same in every child. Per engine
+setting (``running`` seats, a 32,768-block pool that never preempts or a pool of
+``running * 24`` blocks that does) four children: probe off and on (loaded the way vLLM
+loads plugins, sending to a process that discards the frames), each ``warm + short`` and
+``warm + long`` steps. Instructions per step = (long child - short child) / (long - short):
+setup, warm-up and exit cancel. ``on / off`` is the whole engine process's ratio.
+
+The sidecar: two ``kvscope serve --clickhouse-dsn off --decision-log off`` processes under
+valgrind (two more of another checkout with ``--against``), started and stopped together
+(so their idle threads run as long), one fed a short run of the largest engine setting,
+the other a long one; their difference over the steps is the sidecar's instructions per
+ingested engine step. The engine runs under valgrind too, so the two sides keep their
+live speed ratio; or, with ``--pace N`` (``--no-probe`` only), natively at N steps a
+second, the rate a valgrind sidecar keeps up with, which skips vLLM's import under
+valgrind (tens of minutes on a loaded 2-core machine). Per-second work is then ~N/100 of
+a live engine's steps apart: ``--layout-interval`` scales the layout sampler to match
+(at 5 steps/s, 20 s is one snapshot per 100 steps, as live at 100 steps/s); the ledger's
+longest-free-run sample (at most every 0.1 s of wall time) is not rescaled.
+
+Under valgrind the engine steps ~50x slower, so the probe's per-interval work (the sender
+wakes every ``KVSCOPE_PROBE_FLUSH_S``, keyframes every ``KVSCOPE_PROBE_KEYFRAME_S``) would
+fall on fewer steps than live: the children run with the flush interval at its 1 s
+maximum and keyframes every 250 s, closer to the live rate per step. A report, never an
+assertion: prints a table and one JSON line (also ``summary.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from _common import Sidecar, Sink, git_state, machine_noise, sidecar_engine
+from decode_feed import NO_PREEMPT_POOL, preempting_pool
+
+HERE = Path(__file__).resolve().parent
+VALGRIND = ["valgrind", "--tool=cachegrind", "--cache-sim=no"]
+QUIET_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+             "VLLM_LOGGING_LEVEL": "ERROR", "KVSCOPE_PROBE_FLUSH_S": "1.0",
+             "KVSCOPE_PROBE_KEYFRAME_S": "250"}
+"""BLAS threads spin under valgrind (and count); one thread each."""
+
+
+def total_ir(path: Path) -> int:
+    """The ``summary:`` line of a cachegrind output file: instructions executed."""
+    for line in path.read_text().splitlines():
+        if line.startswith("summary:"):
+            return int(line.split()[1])
+    raise ValueError(f"no summary in {path}")
+
+
+def jobs(args: argparse.Namespace, sink: str, sidecars: dict[str, str]) -> list[dict[str, Any]]:
+    """The sidecars' feeds first (the largest setting), then the probe's settings."""
+    out = []
+    for key, endpoint in sidecars.items():
+        n = args.short if key.endswith("short") else args.long
+        out.append({"running": max(args.running), "pool": NO_PREEMPT_POOL, "warm": args.warm,
+                    "steps": n, "probe": endpoint, "preempt": False, "tag": f"side-{key}",
+                    "sidecar": key, "interval": 1 / args.pace if args.pace else 0.0})
+    for running in args.running if not args.no_probe else ():
+        for pre in (False, True):
+            pool = preempting_pool(running) if pre else NO_PREEMPT_POOL
+            for probe in ("", sink):
+                for n in (args.short, args.long):
+                    out.append({"running": running, "pool": pool, "warm": args.warm,
+                                "steps": n, "probe": probe, "preempt": pre,
+                                "tag": f"p{running}-{pool}-{n}"})
+    return out
+
+
+def make_sidecars(work: Path, layout_s: float, against: Path | None) -> dict[str, Sidecar]:
+    """The sidecars, keyed ``"<label>-<short|long>"``: label ``this`` runs this checkout,
+    ``against`` another checkout's ``exporter/`` (a baseline, measured in the same run)."""
+    sides = {}
+    for label in ("this", "against") if against is not None else ("this",):
+        for length in ("short", "long"):
+            key = f"{label}-{length}"
+            d = work / f"side-{key}"
+            (d / "run").mkdir(parents=True)
+            sides[key] = Sidecar(
+                f"ipc://{d}/run/probe.sock", d / "sidecar.log",
+                ["--clickhouse-dsn=off", "--decision-log=off", f"--data-dir={d}/data",
+                 f"--layout-interval={layout_s}"],
+                prefix=[*VALGRIND, f"--cachegrind-out-file={d}/cg.out"],
+                env={"PYTHONPATH": f"{against}/exporter"} if label == "against" else None)
+    return sides
+
+
+def start_sidecars(sides: dict[str, Sidecar]) -> None:
+    """Start them all at once and wait until each answers; the engine may already be
+    sending: ZMQ queues its frames until the sidecar binds."""
+    with ThreadPoolExecutor(len(sides) or 1) as pool:
+        list(pool.map(lambda s: s.start(1200.0), sides.values()))
+
+
+def per_step(rows: list[dict[str, Any]], key: Any) -> dict[str, Any] | None:
+    pair = sorted((r for r in rows if key(r)), key=lambda r: r["job"]["steps"])
+    if len(pair) != 2:
+        return None
+    a, b = pair
+    steps = b["steps"] - a["steps"]
+    return {"ir_per_step": (b["ir"] - a["ir"]) / steps, "steps": steps,
+            "running_mean": b["running_mean"], "preemptions": b["preemptions"] - a["preemptions"]}
+
+
+def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[dict[str, Any]]:
+    table = []
+    print(f"{'running':>7} {'pool':>6} {'preempts':>8} {'off Ir/step':>12} "
+          f"{'on Ir/step':>12} {'+Ir/step':>10} {'on/off':>7}")
+    for running in args.running:
+        for pre in (False, True):
+            sel = [r for r in rows if r["job"]["running"] == running
+                   and r["job"]["preempt"] == pre and "sidecar" not in r["job"]]
+            off = per_step(sel, lambda r: not r["job"]["probe"])
+            on = per_step(sel, lambda r: bool(r["job"]["probe"]))
+            if off is None or on is None:
+                continue
+            row = {"running": running, "pool": sel[0]["job"]["pool"], "off": off, "on": on,
+                   "ratio": on["ir_per_step"] / off["ir_per_step"]}
+            table.append(row)
+            print(f"{running:7d} {row['pool']:6d} {on['preemptions']:8d} "
+                  f"{off['ir_per_step'] / 1e6:11.2f}M {on['ir_per_step'] / 1e6:11.2f}M "
+                  f"{(on['ir_per_step'] - off['ir_per_step']) / 1e3:9.0f}k "
+                  f"{row['ratio']:7.4f}", flush=True)
+    return table
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--running", type=int, nargs="+", default=[256, 128, 32])
+    p.add_argument("--warm", type=int, default=40)
+    p.add_argument("--short", type=int, default=20)
+    p.add_argument("--long", type=int, default=120)
+    p.add_argument("--no-sidecar", action="store_true")
+    p.add_argument("--no-probe", action="store_true", help="only the sidecar's pair")
+    p.add_argument("--against", type=Path, default=None,
+                   help="also measure the sidecar of this checkout (a baseline)")
+    p.add_argument("--pace", type=float, default=0.0,
+                   help="with --no-probe: run the engine natively at this many steps a "
+                        "second instead of under valgrind")
+    p.add_argument("--layout-interval", type=float, default=1.0,
+                   help="the sidecars' --layout-interval (seconds)")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="kvscope-instr-"))
+    out = args.out or work
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ.update(QUIET_ENV)
+    os.environ.pop("PYTHONPATH", None)
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(1))  # so `finally` stops what it started
+    sink = Sink(f"ipc://{work}/sink.sock")
+    sink.start()
+    sides = {} if args.no_sidecar else make_sidecars(work, args.layout_interval, args.against)
+    rows: list[dict[str, Any]] = []
+    proc: subprocess.Popen[str] | None = None
+    side: dict[str, Any] | None = None
+    try:
+        todo = jobs(args, sink.endpoint, {k: s.endpoint for k, s in sides.items()})
+        under = [] if args.pace else [*VALGRIND, f"--cachegrind-out-file={work}/cg.%p"]
+        argv = [*under, sys.executable,
+                str(HERE / "decode_feed.py"), "--jobs", json.dumps(todo), "--wait"]
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+        start_sidecars(sides)  # while the engine imports vLLM
+        proc.stdin.write("\n")  # type: ignore[union-attr]
+        proc.stdin.flush()  # type: ignore[union-attr]
+        for line in proc.stdout:
+            if not line.startswith("{"):
+                continue
+            r = json.loads(line)
+            r["ir"] = 0 if args.pace else total_ir(work / f"cg.{r['pid']}")
+            rows.append(r)
+            print(f"  job {r['job']['tag']} probe={'on' if r['job']['probe'] else 'off'}: "
+                  f"{r['steps']} steps, {r['ir'] / 1e9:.2f} G instructions", flush=True)
+            if sides and side is None and len(rows) == len(sides):  # their feeds are done
+                side = sidecar_instructions(sides, rows)
+                for label, v in side.items():
+                    print(f"sidecar ({label}): {v['ir_per_step'] / 1e6:.3f} M instructions "
+                          f"per ingested engine step", flush=True)
+        proc.wait()
+        proc = None
+    finally:
+        if proc is not None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        sink.stop()
+        for s in sides.values():
+            s.stop(120.0)
+    table = report(rows, args)
+    summary = {"git": git_state(), "noise": machine_noise(), "probe": table,
+               "sidecar": side, "jobs": rows, "args": vars(args) | {"out": str(out)}}
+    line = json.dumps(summary, default=str)
+    (out / "summary.json").write_text(line)
+    print(line)
+
+
+def sidecar_instructions(sides: dict[str, Sidecar],
+                         rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Wait until each sidecar has every step of its feed, stop them all together, and
+    difference each label's long and short sidecar."""
+    fed = {r["job"]["sidecar"]: r for r in rows if "sidecar" in r["job"]}
+    for key, s in sides.items():
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            seen = sidecar_engine(s.url, fed[key]["job"]["tag"]) or {}
+            if seen.get("steps", 0) >= fed[key]["steps"]:
+                break
+            time.sleep(1)
+    for s in sides.values():
+        os.killpg(s.pid, signal.SIGTERM)
+    for s in sides.values():
+        s.proc.wait(300)  # type: ignore[union-attr]
+    ir = {k: total_ir(Path(s.endpoint.removeprefix("ipc://")).parent.parent / "cg.out")
+          for k, s in sides.items()}
+    out = {}
+    for label in sorted({k.rsplit("-", 1)[0] for k in sides}):
+        steps = fed[f"{label}-long"]["steps"] - fed[f"{label}-short"]["steps"]
+        out[label] = {"ir_per_step": (ir[f"{label}-long"] - ir[f"{label}-short"]) / steps,
+                      "steps": steps, "ir": {k: v for k, v in ir.items()
+                                             if k.startswith(label)}}
+    return out
+
+
+if __name__ == "__main__":
+    main()

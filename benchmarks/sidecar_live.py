@@ -1,0 +1,254 @@
+"""The sidecar's cost live: a real ``kvscope serve`` fed by real probes in twin engines.
+
+    python benchmarks/sidecar_live.py [--variants on off] [--engines 1] [--running 256]
+        [--steps 2000] [--py-spy] [--against CHECKOUT] [--out DIR]
+
+Each engine is ``decode_feed.py`` in its own process: vLLM's real scheduler with no model,
+16-token blocks, a 32,768-block pool, ``--running`` seats kept busy by short-prompt,
+long-output requests, and the probe loaded the way vLLM loads plugins. ``on``: the
+sidecar as deployed by default (the embedded chDB store in its data dir and the decision
+log to a file); ``off``: ``--clickhouse-dsn off --decision-log off``.
+
+What is measured, per variant: the whole ``kvscope serve`` process's CPU (every thread:
+ingest, HTTP, layout sampler, store) from the moment the engines start stepping until
+the sidecar has ingested their last step, minus its idle CPU rate (measured before the
+engines connect) over the same time, divided by the engine steps it ingested; the rows
+it wrote per second and per step per engine (``kvscope_sink_rows_written_total``); its
+RSS growth per engine; and with ``--py-spy`` a ``py-spy record -r 200 -f raw --threads``
+profile of the sidecar over the feed, summed by thread and by function. A report, never
+an assertion: prints a table and one JSON line (also ``summary.json``). ``--against``
+runs each variant with another checkout's sidecar too (its ``exporter/`` first on the
+sidecar's ``PYTHONPATH``; the engines and the probe stay this checkout's), right after
+this one's: compare sidecars in one run, not across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from _common import Sidecar, git_state, machine_noise, scrape, sidecar_engine
+
+from kvscope.procs import stop_process
+
+HERE = Path(__file__).resolve().parent
+VARIANTS = {
+    "on": lambda work: [f"--data-dir={work}/data", f"--decision-log={work}/decisions.log"],
+    "off": lambda work: ["--clickhouse-dsn=off", "--decision-log=off",
+                         f"--data-dir={work}/data"],
+}
+WATCH = ("EngineState._step", "RequestTracker._step", "RequestTracker._event",
+         "Ledger.apply_tables", "Ledger.apply", "decode", "LayoutSampler", "snapshot",
+         "SinkManager.emit", "ClickHouseSink", "DecisionLog")
+
+
+def rss_kib(pid: int) -> dict[str, int]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    status = dict(line.split(":", 1) for line in lines if ":" in line)
+    return {k: int(status[k].split()[0]) for k in ("VmRSS", "VmHWM")}
+
+
+def rows_written(url: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    text = __import__("httpx").get(f"{url}/metrics", timeout=10.0, trust_env=False).text
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == "kvscope_sink_rows_written_total":
+                key = s.labels.get("table") or s.labels.get("kind") or "all"
+                key = f"{s.labels.get('sink', '')}:{key}"
+                out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+def start_engines(args: argparse.Namespace, endpoint: str, tag: str) -> list[Any]:
+    procs = []
+    for i in range(args.engines):
+        argv = [sys.executable, str(HERE / "decode_feed.py"), "--running", str(args.running),
+                "--warm", str(args.warm), "--steps", str(args.steps), "--probe", endpoint,
+                "--engine", f"{tag}-e{i}", "--wait"]
+        procs.append(subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=subprocess.DEVNULL, text=True,
+                                      start_new_session=True))
+    for p in procs:
+        line = p.stdout.readline()
+        if line.strip() != "READY":
+            raise RuntimeError(f"engine did not start: {line!r}")
+    return procs
+
+
+def profile(pid: int, path: Path) -> subprocess.Popen[bytes]:
+    argv = [str(Path(sys.executable).parent / "py-spy"), "record", "-r", "200", "-f", "raw",
+            "--threads", "--nonblocking", "-p", str(pid), "-o", str(path)]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+THREADS = (("_ingest_loop", "ingest"), ("LayoutSampler._run", "layout sampler"),
+           ("_batch_loop", "store batch"), ("_send_loop", "store send"),
+           ("DecisionLog._run", "decision log"), ("Server.run", "http"))
+
+
+def thread_of(names: set[str]) -> str:
+    """Which sidecar thread a stack is from, by its thread's entry function (py-spy
+    names threads by ID only)."""
+    for fn, thread in THREADS:
+        if any(n.endswith(fn) for n in names):
+            return thread
+    return "other"
+
+
+def breakdown(path: Path) -> dict[str, Any]:
+    """Samples by thread and (inclusive) by watched function, as shares of all samples."""
+    threads: Counter[str] = Counter()
+    funcs: Counter[str] = Counter()
+    leaf: Counter[str] = Counter()
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack or not n.isdigit():
+            continue
+        count = int(n)
+        frames = stack.split(";")
+        total += count
+        names = {f.split(" (")[0] for f in frames[1:]}
+        threads[thread_of(names)] += count
+        for w in WATCH:
+            if any(w in name for name in names):
+                funcs[w] += count
+        if len(frames) > 1:
+            leaf[frames[-1].split(" (")[0]] += count
+    share = lambda c: {k: round(v / total, 3) for k, v in c.most_common(12)}  # noqa: E731
+    return {"samples": total, "threads": share(threads), "inclusive": share(funcs),
+            "self": share(leaf)}
+
+
+def start_sidecar(endpoint: str, vdir: Path, variant: str, src: Path | None) -> Sidecar:
+    """``kvscope serve`` of this checkout, or of ``src``'s ``exporter/`` (a baseline)."""
+    side = Sidecar(endpoint, vdir / "sidecar.log", VARIANTS[variant](vdir))
+    if src is not None:
+        os.environ["PYTHONPATH"] = f"{src}/exporter"
+    try:
+        side.start(60.0)
+    finally:
+        os.environ.pop("PYTHONPATH", None)
+    return side
+
+
+def measure(args: argparse.Namespace, variant: str, work: Path, label: str,
+            src: Path | None) -> dict[str, Any]:
+    vdir = work / f"{label}-{variant}"
+    (vdir / "run").mkdir(parents=True)
+    endpoint = f"ipc://{vdir}/run/probe.sock"
+    side = start_sidecar(endpoint, vdir, variant, src)
+    engines: list[Any] = []
+    try:
+        time.sleep(args.settle_s)
+        rss_idle = rss_kib(side.pid)
+        c0, t0 = side.cpu_seconds(), time.monotonic()
+        time.sleep(args.idle_s)
+        idle_rate = (side.cpu_seconds() - c0) / (time.monotonic() - t0)
+        engines = start_engines(args, endpoint, variant)
+        rows0 = rows_written(side.url)
+        spy = profile(side.pid, vdir / "pyspy.txt") if args.py_spy else None
+        c0, t0 = side.cpu_seconds(), time.monotonic()
+        for p in engines:
+            p.stdin.write("\n")
+            p.stdin.flush()
+        results = [json.loads(p.stdout.readline()) for p in engines]
+        want = {f"{variant}-e{i}": r["steps"] for i, r in enumerate(results)}
+        deadline = time.monotonic() + 120
+        seen: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            seen = {e: sidecar_engine(side.url, e) or {} for e in want}
+            if all(seen[e].get("steps", 0) >= n for e, n in want.items()):
+                break
+            time.sleep(0.05)
+        c1, t1 = side.cpu_seconds(), time.monotonic()
+        rss = rss_kib(side.pid)
+        rows1 = rows_written(side.url)
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+            spy.wait(30)
+        metrics = scrape(side.url)
+    finally:
+        for e in engines:
+            stop_process(e, 10, group=True)
+        side.stop()
+    steps = sum(s.get("steps", 0) for s in seen.values())
+    wall = t1 - t0
+    busy = (c1 - c0) - idle_rate * wall
+    rows = {k: rows1.get(k, 0.0) - rows0.get(k, 0.0) for k in rows1}
+    out = {
+        "variant": variant, "sidecar": label, "engines": args.engines, "steps": steps,
+        "wall_s": wall,
+        "sidecar_cpu_s": c1 - c0, "idle_cpu_per_s": idle_rate,
+        "us_per_engine_step": busy / max(1, steps) * 1e6,
+        "cores": busy / wall, "engine_steps_per_s": steps / wall / args.engines,
+        "rows_per_s_per_engine": {k: v / wall / args.engines for k, v in rows.items()},
+        "rows_per_step": {k: v / max(1, steps) for k, v in rows.items()},
+        "rss_idle_kib": rss_idle["VmRSS"], "rss_kib": rss["VmRSS"], "hwm_kib": rss["VmHWM"],
+        "rss_per_engine_kib": (rss["VmRSS"] - rss_idle["VmRSS"]) / args.engines,
+        "engine_runs": results,
+        "mismatches": sum(s.get("ledger_mismatches", 0) for s in seen.values()),
+        "gaps": sum(s.get("ledger_gaps", 0) for s in seen.values()),
+        "dropped": sum(s.get("probe_records_dropped", 0) for s in seen.values()),
+        "metrics_lines": len(metrics),
+    }
+    if spy is not None and (vdir / "pyspy.txt").exists():
+        out["py_spy"] = breakdown(vdir / "pyspy.txt")
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--variants", nargs="+", default=["on", "off"], choices=list(VARIANTS))
+    p.add_argument("--engines", type=int, default=1)
+    p.add_argument("--running", type=int, default=256)
+    p.add_argument("--warm", type=int, default=200)
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--idle-s", type=float, default=5.0)
+    p.add_argument("--settle-s", type=float, default=3.0)
+    p.add_argument("--py-spy", action="store_true")
+    p.add_argument("--against", type=Path, default=None,
+                   help="also run another checkout's sidecar, each variant after this one's")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="kvscope-live-"))
+    out = args.out or work
+    out.mkdir(parents=True, exist_ok=True)
+    summary: dict[str, Any] = {"git": git_state(), "noise": machine_noise(), "runs": []}
+    srcs: dict[str, Path | None] = {"this": None}
+    if args.against is not None:
+        srcs["against"] = args.against
+    os.environ.pop("PYTHONPATH", None)
+    print(f"{'sidecar':8} {'variant':8} {'steps':>6} {'steps/s':>8} {'us/step':>8} {'cores':>6} "
+          f"{'rows/s/eng':>10} {'rss/eng MiB':>11} mism gaps drop")
+    for v, label in ((v, label) for v in args.variants for label in srcs):
+        r = measure(args, v, work, label, srcs[label])
+        summary["runs"].append(r)
+        print(f"{label:8} {v:8} {r['steps']:6d} {r['engine_steps_per_s']:8.0f} "
+              f"{r['us_per_engine_step']:8.0f} {r['cores']:6.3f} "
+              f"{sum(r['rows_per_s_per_engine'].values()):10.0f} "
+              f"{r['rss_per_engine_kib'] / 1024:11.1f} {r['mismatches']:4d} {r['gaps']:4d} "
+              f"{r['dropped']:4d}", flush=True)
+        if "py_spy" in r:
+            print("  py-spy threads:", r["py_spy"]["threads"])
+            print("  py-spy inclusive:", r["py_spy"]["inclusive"])
+    summary["noise_after"] = machine_noise()
+    line = json.dumps(summary)
+    (out / "summary.json").write_text(line)
+    print(line)
+
+
+if __name__ == "__main__":
+    main()
