@@ -15,7 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvscope.sidecar.series_budget import (
+from kvscope.sidecar.exposition.series_budget import (
     EngineShape,
     SidecarShape,
     engine_series,

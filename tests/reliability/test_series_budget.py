@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-
 from kvscope.sidecar.clients import ClientJoin
 from kvscope.sidecar.hashkey import Keyer
-from kvscope.sidecar.series_budget import (
+
+from kvscope.sidecar.exposition.series_budget import (
     EngineShape,
     SidecarShape,
     ceiling,

@@ -91,7 +91,8 @@ def layer_of(name: str) -> int | None:
 
 
 def violations(root: Path) -> list[str]:
-    """Every import of a higher layer, and every module that has no layer."""
+    """Every import of a higher layer or of a module that does not exist (a path left behind
+    by a move), and every module that has no layer."""
     found = modules(root)
     problems = []
     for name, path in found.items():
@@ -100,6 +101,9 @@ def violations(root: Path) -> list[str]:
             problems.append(f"{name}: in no layer (add it to LAYERS and the README)")
             continue
         for target in sorted(imports(name, path, set(found))):
+            if target not in found:
+                problems.append(f"{name} imports {target}, which is no module (moved?)")
+                continue
             theirs = layer_of(target)
             if theirs is not None and theirs > mine:
                 problems.append(f"{name} ({LAYERS[mine][0]}) imports {target} "
@@ -160,3 +164,14 @@ def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
         "kvscope.state.hub (state) imports kvscope.sidecar.server (sidecar)"]
     assert package_cycles(tmp_path) == [
         ["kvscope.sidecar", "kvscope.state", "kvscope.sidecar"]]
+
+
+def test_the_checker_sees_an_import_of_a_moved_module(tmp_path: Path) -> None:
+    """An import of a path that no longer exists is reported, not skipped as outside kvscope."""
+    state = tmp_path / "kvscope" / "state"
+    state.mkdir(parents=True)
+    (tmp_path / "kvscope" / "__init__.py").write_text("")
+    (state / "__init__.py").write_text("")
+    (state / "hub.py").write_text("from kvscope.sidecar.engine import EngineState\n")
+    assert violations(tmp_path) == [
+        "kvscope.state.hub imports kvscope.sidecar.engine, which is no module (moved?)"]

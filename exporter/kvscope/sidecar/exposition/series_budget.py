@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvscope.sidecar.auth import REASONS as REFUSALS
-from kvscope.sidecar.metrics import RUN_BUCKETS
-from kvscope.sidecar.presence import STATES
+from kvscope.sidecar.exposition.metrics import RUN_BUCKETS
+from kvscope.sidecar.ingest.auth import REASONS as REFUSALS
+from kvscope.state.presence import STATES
 from kvscope_probe import wire
 
 MAX_END_STATUSES = 6
