@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from kvscope.sidecar.clients import ClientJoin
-from kvscope.sidecar.hashkey import Keyer
+from kvscope.state.clients import ClientJoin
+from kvscope.state.hashkey import Keyer
 
 from kvscope.sidecar.exposition.series_budget import (
     EngineShape,
