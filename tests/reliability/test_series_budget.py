@@ -10,8 +10,6 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from kvscope.state.clients import ClientJoin
-from kvscope.state.hashkey import Keyer
 
 from kvscope.sidecar.exposition.series_budget import (
     EngineShape,
@@ -21,6 +19,8 @@ from kvscope.sidecar.exposition.series_budget import (
     scraped,
     sidecar_series,
 )
+from kvscope.state.clients import ClientJoin
+from kvscope.state.hashkey import Keyer
 from kvscope_probe import wire
 from kvscope_probe.middleware import KVScopeMiddleware
 from tests.reliability.serveproc import ServeProcess, wait_until
