@@ -70,6 +70,8 @@ def attach(sched: Any) -> Any:
         if _endpoint is None:
             sched._kvscope = _Off()
             return None
+        # Senders of schedulers vLLM dropped have ended (they hold their Recorder weakly).
+        _senders[:] = [s for s in _senders if s.is_alive() or not s.ident]
         sender = None
         try:
             rec = Recorder(
