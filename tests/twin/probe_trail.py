@@ -37,8 +37,14 @@ def trail(twin: Any) -> dict[str, Any]:
     """Run SPEC on ``twin``; every step's record plus each request's output tokens."""
     steps: list[Any] = []
     result = twin.run(generate(SPEC), on_step=lambda i, out: steps.append(step_record(out)))
+    # The two pool calls no request makes: evicting cached blocks, resetting the cache.
+    pool = twin.scheduler.kv_cache_manager.block_pool
+    pool.evict_blocks(set(range(0, len(pool.blocks), 2)))
+    evicted_free = pool.get_num_free_blocks()
+    reset = twin.scheduler.reset_prefix_cache()
     data = {"steps": steps, "finished": result.finished, "preemptions": result.preemptions,
-            "scheduled_tokens": result.scheduled_tokens}
+            "scheduled_tokens": result.scheduled_tokens, "after_evict_free": evicted_free,
+            "reset": reset, "after_reset_free": pool.get_num_free_blocks()}
     return json.loads(json.dumps(data))  # in-process and printed trails compare alike
 
 
