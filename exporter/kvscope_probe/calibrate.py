@@ -59,7 +59,7 @@ def _alloc_ns() -> float:
         def unpin_blocks(self, blocks: Any, on_reuse: Any = None) -> None: ...
 
     raw = Pool.get_new_blocks
-    hooks._pool_hooks(Pool)
+    hooks._pool_hooks(Pool, registry={})  # not vLLM's: not in REGISTRY
     pool = Pool()
     rec = SimpleNamespace(enabled=True, ops=[], allocs=0)
     pool._kvscope = rec  # type: ignore[attr-defined]

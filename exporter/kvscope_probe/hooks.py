@@ -1,7 +1,9 @@
 """Wrappers around the vLLM methods the probe observes, installed at class level.
 
-Each wrapper calls vLLM's original first or last as the fact requires, and contains
-every exception of its own: the probe never raises into vLLM. A class attribute
+Every wrapper is made by ``guard.install``: vLLM's original gets its arguments and
+returns its result unchanged, and kvscope's work before and after it (finding or
+attaching the Recorder included) runs inside one guard that counts a fault and never
+re-raises. A class attribute
 ``_kvscope = None`` makes the "not recording" path a plain attribute read.
 
 Observed:
@@ -32,11 +34,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from operator import attrgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from kvscope_probe import guard
 from kvscope_probe.manager_hooks import manager_hooks
-from kvscope_probe.recorder import Recorder
 from kvscope_probe.wire import OP_ALLOC
+
+if TYPE_CHECKING:  # recorder -> calibrate -> hooks: no import back at run time
+    from kvscope_probe.recorder import Recorder
 
 _now_ns = time.perf_counter_ns
 _block_id = attrgetter("block_id")
@@ -80,166 +85,93 @@ def missing_members() -> list[str]:
     return missing
 
 
-def _before(orig: Callable[..., Any], handler: str) -> Callable[..., Any]:
-    """Record facts about the first argument, then call vLLM's method."""
+class _Pending:
+    """What ``Scheduler.__init__``'s hook reads as its Recorder: the real one is
+    attached after vLLM's ``__init__`` has run (``after``)."""
 
-    def wrapper(self: Any, arg: Any, *args: Any, **kwargs: Any) -> Any:
-        rec = self._kvscope
-        if rec is not None and rec.enabled:
-            t = _now_ns()
-            try:
-                getattr(rec, handler)(arg)
-            except Exception as exc:  # noqa: BLE001
-                rec.fault(orig.__name__, exc)
-            rec.wrap_ns += _now_ns() - t
-        return orig(self, arg, *args, **kwargs)
-
-    return wrapper
+    enabled = True
 
 
-def _after(orig: Callable[..., Any], handler: str, *, result: bool) -> Callable[..., Any]:
-    """Call vLLM's method, then record its result (or its first argument, materialised
-    first so an iterator is not consumed twice)."""
+_PENDING = _Pending()
 
-    def wrapper(self: Any, arg: Any, *args: Any, **kwargs: Any) -> Any:
-        rec = self._kvscope
-        if rec is None or not rec.enabled:
-            return orig(self, arg, *args, **kwargs)
-        t0 = _now_ns()
-        if not result:
-            arg = list(arg)
-        t1 = _now_ns()
-        ret = orig(self, arg, *args, **kwargs)
-        t = _now_ns()
-        try:
-            getattr(rec, handler)(ret if result else arg)
-        except Exception as exc:  # noqa: BLE001
-            rec.fault(orig.__name__, exc)
-        rec.wrap_ns += _now_ns() - t + t1 - t0  # the copy and the handler, not vLLM's call
-        return ret
 
-    return wrapper
+def _attaching(attach: Callable[[Any], Recorder | None]) -> Callable[..., Any]:
+    """``rec_of`` for the scheduler's entry points: attach at the first call."""
+
+    def rec_of(args: tuple[Any, ...]) -> Any:
+        rec = args[0]._kvscope
+        return attach(args[0]) if rec is None else rec
+
+    return rec_of
 
 
 def _scheduler_hooks(cls: Any, attach: Callable[[Any], Recorder | None]) -> None:
-    o_schedule = cls.schedule
-    o_init = cls.__init__
-
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        o_init(self, *args, **kwargs)
-        # Attach as soon as the engine has a scheduler, not at its first step: an engine
-        # that has served nothing yet says hello and sends heartbeats, so the sidecar
-        # (and a pod's readiness) sees it before any traffic.
-        try:
-            attach(self)
-        except Exception:  # noqa: BLE001 - attach contains its own errors; never raise here
-            pass
-
-    cls.__init__ = __init__
-
-    def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
-        rec = self._kvscope
-        if rec is None:
-            rec = attach(self)
-        if rec is None or not rec.enabled:
-            return o_schedule(self, *args, **kwargs)
-        rec.in_schedule = True
-        t0 = _now_ns()
-        try:
-            out = o_schedule(self, *args, **kwargs)
-        finally:
-            rec.in_schedule = False
-        t1 = _now_ns()
-        try:
-            rec.on_step(out, t1 - t0, t1)
-        except Exception as exc:  # noqa: BLE001
-            rec.fault("schedule", exc)
-        return out
-
-    cls.schedule = schedule
-    cls._preempt_request = _before(cls._preempt_request, "on_preempt")
     cls._kvscope = None
-    if callable(getattr(cls, "_free_request", None)):
-        cls._free_request = _before(cls._free_request, "on_end")
-    if callable(getattr(cls, "add_request", None)):
-        o_add = cls.add_request
+    # Attach as soon as the engine has a scheduler, not at its first step: an engine
+    # that has served nothing yet says hello and sends heartbeats, so the sidecar
+    # (and a pod's readiness) sees it before any traffic.
+    guard.install(cls, "__init__", name="Scheduler.__init__", rec_of=lambda a: _PENDING,
+                  after=lambda rec, a, k, ret, st: attach(a[0]), timed=False)
+    attaching = _attaching(attach)
 
-        def add_request(self: Any, request: Any) -> Any:
-            known = request.request_id in self.requests
-            ret = o_add(self, request)
-            if known:
-                return ret
-            rec = self._kvscope
-            if rec is None:
-                rec = attach(self)
-            if rec is not None and rec.enabled:
-                try:
-                    rec.on_arrival(request)
-                except Exception as exc:  # noqa: BLE001
-                    rec.fault("add_request", exc)
-            return ret
+    def before_schedule(rec: Recorder, a: Any, k: Any) -> int:
+        rec.in_schedule = True
+        return _now_ns()
 
-        cls.add_request = add_request
-
-
-def _pool_hooks(cls: Any) -> None:
-    o_touch = cls.touch
-
-    def touch(self: Any, blocks: Any) -> Any:
-        rec = self._kvscope
-        if rec is None or not rec.enabled:
-            return o_touch(self, blocks)
-        t = _now_ns()
-        try:  # blocks leaving the free queue: ref_cnt 0 before the touch
-            taken = [b for b in blocks if b.ref_cnt == 0 and not b.is_null]
-        except Exception as exc:  # noqa: BLE001
-            rec.fault("touch", exc)
-            taken = []
+    def after_schedule(rec: Recorder, a: Any, k: Any, out: Any, t0: int) -> None:
+        rec.in_schedule = False
         t1 = _now_ns()
-        ret = o_touch(self, blocks)
-        t2 = _now_ns()
-        if taken:
-            try:
-                rec.on_alloc(taken)
-            except Exception as exc:  # noqa: BLE001
-                rec.fault("touch", exc)
-        rec.wrap_ns += _now_ns() - t2 + t1 - t
-        return ret
+        rec.on_step(out, t1 - t0, t1)
 
-    cls.touch = touch
-    o_new = cls.get_new_blocks
+    guard.install(cls, "schedule", name="Scheduler.schedule", rec_of=attaching,
+                  before=before_schedule, after=after_schedule, timed=False)
+    guard.install(cls, "_preempt_request", name="Scheduler._preempt_request",
+                  before=lambda rec, a, k: rec.on_preempt(guard.arg(a, k, 1, "request")))
+    if callable(getattr(cls, "_free_request", None)):
+        guard.install(cls, "_free_request", name="Scheduler._free_request",
+                      before=lambda rec, a, k: rec.on_end(guard.arg(a, k, 1, "request")))
+    if callable(getattr(cls, "add_request", None)):
+        def known(rec: Recorder, a: Any, k: Any) -> bool:
+            return guard.arg(a, k, 1, "request").request_id in a[0].requests
 
-    def get_new_blocks(self: Any, num_blocks: Any, *args: Any, **kwargs: Any) -> Any:
-        ret = o_new(self, num_blocks, *args, **kwargs)
-        rec = self._kvscope
-        if ret and rec is not None and rec.enabled:
-            # The IDs read now, at C level, while vLLM has just touched these blocks: read
-            # at the step's end instead, each block is a cache miss or three (measured in
-            # place: 4.1 us a step to settle 7 allocations at 187 requests).
-            rec.allocs += 1
-            rec.ops.append((OP_ALLOC, [ret[0].block_id] if len(ret) == 1  # most calls
-                            else list(map(_block_id, ret))))
-        return ret
+        def arrived(rec: Recorder, a: Any, k: Any, ret: Any, was_known: bool) -> None:
+            if not was_known:
+                rec.on_arrival(guard.arg(a, k, 1, "request"))
 
-    cls.get_new_blocks = get_new_blocks
-    cls.free_blocks = _after(cls.free_blocks, "on_free", result=False)
-    cls.unpin_blocks = _after(cls.unpin_blocks, "on_free", result=False)
+        guard.install(cls, "add_request", name="Scheduler.add_request", rec_of=attaching,
+                      before=known, after=arrived)
+
+
+def _taken(rec: Recorder, a: Any, k: Any) -> list[Any]:
+    """Blocks ``touch`` takes off the free queue: ref_cnt 0 before it runs."""
+    return [b for b in guard.arg(a, k, 1, "blocks") if b.ref_cnt == 0 and not b.is_null]
+
+
+def _new_blocks(rec: Recorder, a: Any, k: Any, ret: Any, st: Any) -> None:
+    # The IDs read now, at C level, while vLLM has just touched these blocks: read at
+    # the step's end instead, each block is a cache miss or three.
+    if ret:
+        rec.allocs += 1
+        rec.ops.append((OP_ALLOC, [ret[0].block_id] if len(ret) == 1  # most calls
+                        else list(map(_block_id, ret))))
+
+
+def _pool_hooks(cls: Any, registry: dict[str, guard.Hook] | None = None) -> None:
+    """The BlockPool wrappers (``registry``: where calibrate.py's stand-ins go)."""
+    def on(attr: str, **kw: Any) -> None:
+        guard.install(cls, attr, name=f"BlockPool.{attr}", registry=registry, **kw)
+
+    on("touch", before=_taken,
+       after=lambda rec, a, k, ret, taken: taken and rec.on_alloc(taken))
+    on("get_new_blocks", after=_new_blocks, timed=False)
+    for attr, param in (("free_blocks", "ordered_blocks"), ("unpin_blocks", "blocks")):
+        on(attr, materialize=(1, param),
+           after=lambda rec, a, k, ret, st, p=param: rec.on_free(guard.arg(a, k, 1, p)))
     if callable(getattr(cls, "evict_blocks", None)):
-        cls.evict_blocks = _after(cls.evict_blocks, "on_uncache", result=False)
+        on("evict_blocks", materialize=(1, "block_ids"),
+           after=lambda rec, a, k, ret, st: rec.on_uncache(guard.arg(a, k, 1, "block_ids")))
     if callable(getattr(cls, "reset_prefix_cache", None)):
-        o_reset = cls.reset_prefix_cache
-
-        def reset_prefix_cache(self: Any, *args: Any, **kwargs: Any) -> Any:
-            ok = o_reset(self, *args, **kwargs)
-            rec = self._kvscope
-            if ok and rec is not None and rec.enabled:
-                try:
-                    rec.on_uncache_all()
-                except Exception as exc:  # noqa: BLE001
-                    rec.fault("reset_prefix_cache", exc)
-            return ok
-
-        cls.reset_prefix_cache = reset_prefix_cache
+        on("reset_prefix_cache", after=lambda rec, a, k, ok, st: ok and rec.on_uncache_all())
     cls._kvscope = None
 
 

@@ -8,41 +8,31 @@ Full attention never calls either. Installed by ``hooks.install``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-
-def _nulling(orig: Callable[..., Any]) -> Callable[..., Any]:
-    """Mark the table whose blocks ``orig`` replaces by the null block and frees."""
-
-    def _remove_blocks_in_range(self: Any, request_id: Any, *args: Any, **kwargs: Any) -> Any:
-        rec = self.block_pool._kvscope
-        if rec is None or not rec.enabled:
-            return orig(self, request_id, *args, **kwargs)
-        outer = rec.null_ctx
-        rec.null_ctx = (request_id, self.kv_cache_group_id)
-        try:
-            return orig(self, request_id, *args, **kwargs)
-        finally:
-            rec.null_ctx = outer
-
-    return _remove_blocks_in_range
+from kvscope_probe import guard
 
 
-def _relocating(orig: Callable[..., Any]) -> Callable[..., Any]:
-    """Record a block that ``orig`` moves to the end of a request's table."""
+def _rec_of_manager(args: tuple[Any, ...]) -> Any:
+    """A manager reaches its Recorder through its pool."""
+    return args[0].block_pool._kvscope
 
-    def _relocate_speculative_block(self: Any, req_blocks: Any, block_idx: int) -> Any:
-        ret = orig(self, req_blocks, block_idx)
-        rec = self.block_pool._kvscope
-        if rec is not None and rec.enabled:
-            try:
-                rec.on_relocate(self, req_blocks, block_idx)
-            except Exception as exc:  # noqa: BLE001
-                rec.fault("_relocate_speculative_block", exc)
-        return ret
 
-    return _relocate_speculative_block
+def _null_ctx_on(rec: Any, a: Any, k: Any) -> Any:
+    """Mark the table whose blocks vLLM replaces by the null block and frees; return
+    the mark it replaces (restored after)."""
+    outer = rec.null_ctx
+    rec.null_ctx = (guard.arg(a, k, 1, "request_id"), a[0].kv_cache_group_id)
+    return outer
+
+
+def _null_ctx_off(rec: Any, a: Any, k: Any, ret: Any, outer: Any) -> None:
+    rec.null_ctx = outer
+
+
+def _relocated(rec: Any, a: Any, k: Any, ret: Any, st: Any) -> None:
+    """Record a block that vLLM moved to the end of a request's table."""
+    rec.on_relocate(a[0], guard.arg(a, k, 1, "req_blocks"), guard.arg(a, k, 2, "block_idx"))
 
 
 def manager_hooks(base: Any) -> None:
@@ -56,7 +46,8 @@ def manager_hooks(base: Any) -> None:
         seen.add(cls)
         todo += cls.__subclasses__()
         if callable(cls.__dict__.get("_remove_blocks_in_range")):
-            cls._remove_blocks_in_range = _nulling(cls.__dict__["_remove_blocks_in_range"])
+            guard.install(cls, "_remove_blocks_in_range", rec_of=_rec_of_manager,
+                          before=_null_ctx_on, after=_null_ctx_off, timed=False)
         if callable(cls.__dict__.get("_relocate_speculative_block")):
-            cls._relocate_speculative_block = _relocating(
-                cls.__dict__["_relocate_speculative_block"])
+            guard.install(cls, "_relocate_speculative_block", rec_of=_rec_of_manager,
+                          after=_relocated)

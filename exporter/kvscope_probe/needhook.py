@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 _P = inspect.Parameter
-_NAMES = {"_o", "_coord", "_rec"}
+_NAMES = {"_o", "_coord", "_rec", "_fault", "exc", "n"}
 
 
 def arm_below(sched: Any, hello: Any) -> int:
@@ -55,7 +55,8 @@ def need_hook(o_need: Callable[..., int], coord: Any, rec: Any) -> Callable[...,
     src = _source(o_need)
     if src is None:
         return _generic(o_need, coord, rec)
-    return _build(src, o_need, {"_o": o_need, "_coord": coord, "_rec": rec})
+    return _build(src, o_need, {"_o": o_need, "_coord": coord, "_rec": rec,
+                                "_fault": _fault})
 
 
 def stand_in(o_need: Callable[..., int]) -> tuple[Callable[..., int], dict[str, Any]]:
@@ -113,14 +114,31 @@ def _source(o_need: Callable[..., int]) -> str | None:
     sig, args = _signature(params)
     return (f"def get_num_blocks_to_allocate({sig}):\n"
             f"    n = _o(_coord, {args})\n"
-            "    _rec.need = (request_id, n)\n"
+            "    try:\n"
+            "        _rec.need = (request_id, n)\n"
+            "    except Exception as exc:\n"
+            "        _fault(_rec, exc)\n"
             "    return n\n")
 
 
+def _fault(rec: Any, exc: Exception) -> None:
+    """Count a fault of the hook's own work; never raise (try: rec is the probe's)."""
+    try:
+        rec.fault("get_num_blocks_to_allocate", exc)
+    except Exception:  # noqa: BLE001
+        pass
+
+
 def _generic(o_need: Callable[..., int], coord: Any, rec: Any) -> Callable[..., int]:
+    """The hook for a signature it cannot copy. Which request asks is known only when
+    vLLM passes ``request_id`` by keyword (as it does): never guessed from position."""
+
     def get_num_blocks_to_allocate(*args: Any, **kwargs: Any) -> int:
         n = o_need(coord, *args, **kwargs)
-        rec.need = (kwargs["request_id"] if "request_id" in kwargs else args[0], n)
+        try:
+            rec.need = (kwargs["request_id"], n) if "request_id" in kwargs else None
+        except Exception as exc:  # noqa: BLE001 - the probe never raises into vLLM
+            _fault(rec, exc)
         return n
 
     return get_num_blocks_to_allocate

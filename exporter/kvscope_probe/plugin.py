@@ -70,6 +70,9 @@ def attach(sched: Any) -> Any:
         if _endpoint is None:
             sched._kvscope = _Off()
             return None
+        # Senders of schedulers vLLM dropped have ended (they hold their Recorder weakly).
+        _senders[:] = [s for s in _senders if s.is_alive() or not s.ident]
+        sender = None
         try:
             rec = Recorder(
                 sched,
@@ -87,12 +90,16 @@ def attach(sched: Any) -> Any:
                 flush_s=_float_env("KVSCOPE_PROBE_FLUSH_S", FLUSH_INTERVAL_S, 0.01, 1.0),
             )
             sender.start()
+            _senders.append(sender)
+            bind(sched, rec)
         except Exception as exc:  # noqa: BLE001
             log.warning("kvscope probe: not recording this scheduler: %r", exc)
+            if sender is not None:  # started, then bind failed: no thread for nothing
+                sender.stop_event.set()
+                if sender in _senders:
+                    _senders.remove(sender)
             sched._kvscope = _Off()
             return None
-        _senders.append(sender)
-        bind(sched, rec)
         log.info(
             "kvscope probe: recording engine %s (%d blocks) to %s",
             rec.hello.engine,

@@ -111,7 +111,7 @@ class Recorder(PoolMirror):
         (an attribute that shadows the class method) and only while the pool is low;
         otherwise vLLM calls its own method at full speed.
         """
-        on = free_blocks <= self.arm_below
+        on = self.enabled and free_blocks <= self.arm_below  # switched off: never re-armed
         if on == self.need_armed:
             return
         arm(self, on)
@@ -127,7 +127,12 @@ class Recorder(PoolMirror):
         if self.faults == 1:
             log.warning("kvscope probe: contained an error in %s: %r", where, exc)
         if self.faults >= MAX_FAULTS and self.enabled:
-            self.enabled = False
+            self.enabled = False  # every class-level hook reads this and passes through
+            try:  # the per-instance hook goes: vLLM's own method at full speed again
+                if self.need_armed:
+                    arm(self, False)
+            except Exception:  # noqa: BLE001
+                pass
             log.warning("kvscope probe: %d contained errors, recording switched off", self.faults)
 
     # -- scheduler ------------------------------------------------------------------

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from typing import Any
 
 import msgspec
@@ -100,7 +101,9 @@ class Sender(threading.Thread):
     def __init__(self, rec: Recorder, endpoint: str, *, hwm: int = DEFAULT_HWM,
                  flush_s: float = FLUSH_INTERVAL_S) -> None:
         super().__init__(name="kvscope-probe-sender", daemon=True)
-        self.rec = rec
+        # Weak: the Recorder holds vLLM's scheduler and pool, and a thread is a root the
+        # collector never frees. When vLLM drops its scheduler, the thread ends.
+        self._rec = weakref.ref(rec)
         self.endpoint = endpoint
         self.hwm = hwm
         self.flush_s = flush_s
@@ -113,6 +116,18 @@ class Sender(threading.Thread):
         self._seen_seq = -1
         self._seen_at: float | None = None
         self.io_cpu = IoCpu()
+
+    @property
+    def rec(self) -> Recorder:
+        """The Recorder; ReferenceError once vLLM's scheduler (and so it) is gone."""
+        rec = self._rec()
+        if rec is None:
+            raise ReferenceError("the scheduler this sender recorded is gone")
+        return rec
+
+    @property
+    def orphaned(self) -> bool:
+        return self._rec() is None
 
     def _socket(self) -> Any:
         return transport.push_socket(self.endpoint, hwm=self.hwm)
@@ -141,13 +156,16 @@ class Sender(threading.Thread):
             self._sock = self._socket()
         except Exception as exc:  # noqa: BLE001
             log.warning("kvscope probe: cannot open %s (%r); recording off", self.endpoint, exc)
-            self.rec.enabled = False
+            rec = self._rec()
+            if rec is not None:
+                rec.enabled = False
+            del rec
             return
         try:
             transport.await_connection(self._sock)
         except Exception as exc:  # noqa: BLE001
-            self.rec.fault("sender", exc, rescan=False)
-        while not self.stop_event.is_set():
+            self._fault(exc)
+        while not self.stop_event.is_set() and not self.orphaned:
             self.wakeups += 1
             try:
                 n = self.drain_once()
@@ -155,19 +173,34 @@ class Sender(threading.Thread):
                 if n:
                     self._last_send = now
                 self.heartbeat(now)
+            except ReferenceError:
+                break
             except Exception as exc:  # noqa: BLE001
-                self.rec.fault("sender", exc, rescan=False)
+                self._fault(exc)
                 n = 0
             # a backlog (drain_once stops at 4 x MAX_BATCH): keep draining
             self.stop_event.wait(0.001 if n >= 4 * MAX_BATCH else self.flush_s)
         deadline = time.monotonic() + 2.0  # flush what is left, boundedly
-        while self.rec.ring and time.monotonic() < deadline:
-            self.drain_once()
-        left = len(self.rec.ring)  # what could not be sent in time is dropped, and counted
-        self.rec.ring.clear()
-        self.rec.send_dropped += left
+        try:
+            self._flush_left(deadline)
+        except ReferenceError:
+            pass  # the scheduler went first: nothing left to flush
         # frames queued in the socket still go out, within what is left of the deadline
         self._sock.close(linger=int(max(0.1, deadline - time.monotonic()) * 1000))
+
+    def _fault(self, exc: Exception) -> None:
+        rec = self._rec()
+        if rec is not None:
+            rec.fault("sender", exc, rescan=False)
+
+    def _flush_left(self, deadline: float) -> None:
+        rec = self.rec
+        while rec.ring and time.monotonic() < deadline:
+            self.drain_once()
+        left = len(rec.ring)  # what could not be sent in time is dropped, and counted
+        rec.ring.clear()
+        rec.send_dropped += left
+        del rec
 
     def drain_once(self) -> int:
         """Send what the ring holds now (up to 4 x MAX_BATCH entries); return how many

@@ -1,0 +1,127 @@
+"""Containment by construction: a fault in any part of any hook leaves vLLM's schedule
+exactly as an unprobed run's, step for step.
+
+The hooks are enumerated from the probe's own registry (``guard.REGISTRY``), so a hook
+added later is covered here without editing this file. The baseline is a run in a
+process that never imports the probe (``tests.twin.probe_trail``).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from kvscope_probe import guard, plugin
+from kvscope_probe.recorder import Recorder
+from tests.twin.probe_trail import config, trail
+
+pytestmark = pytest.mark.twin
+
+Twin = pytest.importorskip("kvscope.twin.engine").Twin
+LAYOUT = "full+sliding"  # a sliding window: the manager hooks run too
+NOT_REACHED = {
+    "BlockPool.unpin_blocks": "pinned blocks come with a KV connector's loads",
+    "MambaManager._remove_blocks_in_range": "a Mamba layout",
+    "MambaManager._relocate_speculative_block": "Mamba with speculative decoding",
+}
+"""Hooks this run never calls, so a fault injected there proves nothing (yet)."""
+
+
+@pytest.fixture(scope="module")
+def baseline() -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-m", "tests.twin.probe_trail", LAYOUT],
+                         capture_output=True, text=True, timeout=600, check=True)
+    return json.loads(out.stdout)  # type: ignore[no-any-return]
+
+
+class Injected(RuntimeError):
+    pass
+
+
+def boom(*_a: Any, **_k: Any) -> Any:
+    raise Injected("injected")
+
+
+def probed_trail(rec_cls: type[Recorder] = Recorder) -> tuple[dict[str, Any], Recorder]:
+    assert plugin.enable(None)
+    twin = Twin(config(LAYOUT), seed=5)
+    rec = rec_cls(twin.scheduler, ring_size=1 << 20, keyframe_interval_s=3600)
+    plugin.bind(twin.scheduler, rec)
+    return trail(twin), rec
+
+
+def test_the_registry_holds_every_class_level_hook() -> None:
+    assert plugin.enable(None)
+    names = set(guard.REGISTRY)
+    assert {"Scheduler.__init__", "Scheduler.schedule", "Scheduler.add_request",
+            "Scheduler._preempt_request", "Scheduler._free_request", "BlockPool.touch",
+            "BlockPool.get_new_blocks", "BlockPool.free_blocks", "BlockPool.unpin_blocks",
+            "BlockPool.evict_blocks", "BlockPool.reset_prefix_cache",
+            "SingleTypeKVCacheManager._remove_blocks_in_range"} <= names
+    for h in guard.REGISTRY.values():  # each is what the class holds now
+        assert getattr(h.owner, h.attr)._kvscope_hook is h, h.name
+
+
+def test_unfaulted_the_probed_schedule_equals_the_unprobed_one(
+        baseline: dict[str, Any]) -> None:
+    got, rec = probed_trail()
+    assert rec.faults == 0 and rec.enabled
+    assert got == baseline
+    assert baseline["preemptions"] > 0 and baseline["finished"] == 40
+
+
+def _parts() -> list[tuple[str, tuple[str, ...]]]:
+    plugin.enable(None)
+    cases = []
+    for name, h in sorted(guard.REGISTRY.items()):
+        cases.append((name, ("rec_of",)))
+        kv = tuple(p for p in ("before", "after") if getattr(h, p) is not None)
+        if kv:
+            cases.append((name, kv))
+    return cases
+
+
+@pytest.mark.parametrize(("name", "parts"), _parts(), ids=lambda v: str(v))
+def test_a_fault_in_each_hook_part_changes_nothing_vllm_decides(
+        name: str, parts: tuple[str, ...], baseline: dict[str, Any],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    h = guard.REGISTRY[name]
+    calls = {"n": 0}
+
+    def counted(*a: Any, **k: Any) -> Any:
+        calls["n"] += 1
+        raise Injected(name)
+
+    for p in parts:
+        monkeypatch.setattr(h, p, counted)
+    before_unguarded = h.unguarded_faults
+    got, rec = probed_trail()
+    monkeypatch.undo()
+    assert got == baseline  # vLLM's decisions, step for step
+    # Every injected fault was counted (by the Recorder, or by the hook when there was no
+    # Recorder to count it), none escaped: the run above finished.
+    counted_faults = rec.faults + h.unguarded_faults - before_unguarded
+    assert counted_faults == calls["n"]
+    assert (calls["n"] > 0) == (name not in NOT_REACHED)
+
+
+def test_a_fault_in_the_blocks_needed_hook_changes_nothing(baseline: dict[str, Any]) -> None:
+    class NeedFails(Recorder):
+        """The per-instance hook's own work (storing the need) raises."""
+
+        @property
+        def need(self) -> Any:
+            return None
+
+        @need.setter
+        def need(self, value: Any) -> None:
+            if value is not None:
+                raise Injected("need")
+
+    got, rec = probed_trail(NeedFails)
+    assert got == baseline
+    assert rec.faults > 0  # the hook was armed and its faults were counted

@@ -1,0 +1,196 @@
+"""The ways issue 23 found kvscope's code raising into vLLM, each reproduced.
+
+Each test calls a hooked vLLM entry point the way vLLM (or its next version) may: with
+keywords, with a new parameter, with a private attribute missing. vLLM's method must
+run and its result come back; kvscope's failure must be counted, never raised.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from kvscope.twin import TwinConfig
+from kvscope_probe import hooks, plugin
+from kvscope_probe.manager_hooks import manager_hooks
+from kvscope_probe.needhook import need_hook
+from kvscope_probe.recorder import Recorder
+
+pytestmark = pytest.mark.twin
+
+Twin = pytest.importorskip("kvscope.twin.engine").Twin
+
+
+class Rec(SimpleNamespace):
+    """Counts faults as Recorder.fault does."""
+
+    def __init__(self) -> None:
+        super().__init__(enabled=True, faults=0, wrap_ns=0, ops=[], allocs=0, need=None,
+                         null_ctx=None, freed=[])
+
+    def fault(self, where: str, exc: BaseException) -> None:
+        self.faults += 1
+
+    def on_free(self, blocks: Any) -> None:
+        self.freed.append(list(blocks))
+
+    def on_alloc(self, blocks: Any) -> None:
+        self.ops.append(list(blocks))
+
+
+def test_need_hook_called_with_keywords_only_on_another_first_name() -> None:
+    """vLLM passes keywords only; a method whose first parameter is not request_id
+    gets the generic hook, which read args[0]: an IndexError inside allocate_slots."""
+
+    class Coord:
+        def get_num_blocks_to_allocate(self, req_id: str, *args: Any, **kw: Any) -> int:
+            return 7
+
+    rec = Rec()
+    hook = need_hook(Coord.get_num_blocks_to_allocate, Coord(), rec)
+    assert hook(req_id="a", num_tokens=3) == 7
+
+
+def _pool_class() -> type:
+    class Block(SimpleNamespace):
+        pass
+
+    class Pool:
+        """A BlockPool of a later vLLM: new parameters, called by keyword."""
+
+        def __init__(self) -> None:
+            self.blocks = [Block(block_id=i, ref_cnt=0, is_null=False) for i in range(4)]
+
+        def get_new_blocks(self, num_blocks: int) -> list[Any]:
+            return self.blocks[:num_blocks]
+
+        def touch(self, blocks: Any, *, tier: int = 0) -> str:
+            return f"touched {len(blocks)} tier {tier}"
+
+        def free_blocks(self, ordered_blocks: Any) -> str:
+            return f"freed {len(list(ordered_blocks))}"
+
+        def unpin_blocks(self, blocks: Any, on_reuse: Any = None) -> str:
+            return "unpinned"
+
+        def get_num_free_blocks(self) -> int:
+            return 4
+
+    hooks._pool_hooks(Pool, registry={})
+    return Pool
+
+
+def test_touch_with_a_new_parameter_is_not_a_type_error() -> None:
+    pool = _pool_class()()
+    pool._kvscope = rec = Rec()
+    assert pool.touch(pool.blocks[:2], tier=1) == "touched 2 tier 1"
+    assert rec.ops == [pool.blocks[:2]] and rec.faults == 0
+
+
+def test_free_blocks_by_keyword_is_recorded_not_a_type_error() -> None:
+    pool = _pool_class()()
+    pool._kvscope = rec = Rec()
+    assert pool.free_blocks(ordered_blocks=iter(pool.blocks[:3])) == "freed 3"
+    assert rec.freed == [pool.blocks[:3]] and rec.faults == 0
+
+
+def _sched_class() -> type:
+    class Sched:
+        def __init__(self) -> None:
+            self.requests: dict[str, Any] = {}
+            self.table: dict[str, Any] = {}
+
+        def schedule(self) -> str:
+            return "out"
+
+        def _preempt_request(self, request: Any, timestamp: float) -> None: ...
+
+        def add_request(self, request: Any, *, streaming: bool = False) -> str:
+            self.table[request.request_id] = request
+            return f"added streaming={streaming}"
+
+    return Sched
+
+
+def test_add_request_with_a_new_parameter_and_no_requests_table() -> None:
+    """add_request had a fixed arity and read self.requests before vLLM's method ran."""
+    cls = _sched_class()
+    hooks._scheduler_hooks(cls, lambda sched: None)
+    sched = cls()
+    assert sched.add_request(SimpleNamespace(request_id="a"), streaming=True) == (
+        "added streaming=True")
+    del sched.requests  # a vLLM that keeps its table elsewhere
+    sched._kvscope = rec = Rec()
+    assert sched.add_request(request=SimpleNamespace(request_id="b")) == "added streaming=False"
+    assert rec.faults == 1
+
+
+def test_preempt_by_keyword_reaches_vllm() -> None:
+    cls = _sched_class()
+    hooks._scheduler_hooks(cls, lambda sched: None)
+    sched = cls()
+    sched._kvscope = rec = Rec()
+    rec.on_preempt = lambda req: None
+    assert sched._preempt_request(request=SimpleNamespace(), timestamp=0.0) is None
+    assert rec.faults == 0
+
+
+def test_sliding_window_hook_without_block_pool_or_group_id() -> None:
+    class Manager:
+        def _remove_blocks_in_range(self, request_id: str, first: int, last: int) -> str:
+            return f"nulled {first}-{last}"
+
+    manager_hooks(Manager)
+    m = Manager()  # no block_pool, no kv_cache_group_id
+    assert m._remove_blocks_in_range("r", 0, 2) == "nulled 0-2"
+    m.block_pool = SimpleNamespace(_kvscope=Rec())  # a pool, still no group ID
+    assert m._remove_blocks_in_range(request_id="r", first=1, last=3) == "nulled 1-3"
+    assert m.block_pool._kvscope.faults == 1
+
+
+@pytest.fixture
+def endpoint(tmp_path: Any) -> Any:
+    old = plugin._endpoint
+    assert plugin.enable(f"ipc://{tmp_path}/nobody.sock")
+    yield
+    plugin.stop_all()
+    plugin.enable(None)
+    plugin._endpoint = old
+
+
+def test_a_failing_bind_leaves_no_half_bound_recorder_and_no_sender(
+        endpoint: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bind() ran outside attach's try: a failure left the scheduler pointing at a
+    Recorder (and a sender thread running) that nothing had finished setting up."""
+
+    def fails(self: Any, free: int) -> None:
+        raise RuntimeError("bind fails")
+
+    monkeypatch.setattr(Recorder, "watch_need", fails)
+    threads = threading.active_count()
+    twin = Twin(TwinConfig(num_blocks=48), seed=3)
+    assert not getattr(twin.scheduler._kvscope, "enabled", False)
+    assert plugin._senders == []
+    twin.scheduler.schedule()
+    assert threading.active_count() <= threads + 1  # no sender left behind (1: its exit)
+
+
+def test_attach_failing_from_schedule_and_add_request_is_contained(
+        endpoint: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """attach was reached unguarded from schedule() and add_request()."""
+
+    class Broken:
+        def __enter__(self) -> None:
+            raise RuntimeError("attach fails")
+
+        def __exit__(self, *a: Any) -> None: ...
+
+    monkeypatch.setattr(plugin, "_lock", Broken())
+    from kvscope.twin import WorkloadSpec, generate
+
+    twin = Twin(TwinConfig(num_blocks=48), seed=3)
+    result = twin.run(generate(WorkloadSpec(n_requests=5, seed=1)))
+    assert result.finished == 5
