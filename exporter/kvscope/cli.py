@@ -8,6 +8,7 @@ import sys
 
 from kvscope import __version__
 from kvscope.errors import ConfigError
+from kvscope.explain import cli as explain
 from kvscope.layout import dump as layout_dump
 from kvscope.load import cli as loadgen
 from kvscope.sidecar.config import ENV, from_sources
@@ -127,11 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
     layout_dump.add_parser(sub)
     query.add_parser(sub)
     schema.add_parser(sub)
+    explain.add_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if hasattr(args, "func"):  # commands registered with set_defaults(func=...)
+        return int(args.func(args))
     if args.command == "serve":
         cli = {k: v for k, v in vars(args).items() if k != "command"}
         try:
