@@ -5,8 +5,8 @@ the tracker emitted, computed again here from those rows."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
 from collections import defaultdict
+from datetime import datetime, timezone
 from typing import Any
 
 import jsonschema

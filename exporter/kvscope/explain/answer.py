@@ -68,6 +68,7 @@ def _pool_at_preemption(client: Any, story: Story, p: Preemption) -> None:
     p.trigger = holders.trigger_event(step_events, p.requester)
     snap = source.layout_at(client, story.engine, story.server, step)
     p.cached_blocks = snap["cached_blocks"] if snap else -1
+    p.layout = layout_json(snap, story.request_id)
     p.holders = holders.top_holders(held, source.traces(client, list(held)))
 
 
@@ -88,7 +89,20 @@ def _preemption(p: Preemption, decided: list[dict]) -> dict[str, Any]:
         "resumed": None if p.resumed is None else {"ts": p.resumed["ts"],
                                                     "step": p.resumed["step"]},
         "holders": p.holders,
+        "layout": p.layout,
     }
+
+
+def layout_json(snap: dict | None, rid: str) -> dict[str, Any] | None:
+    """The layout sample at or before a step, with the blocks ``rid`` held in it (empty
+    when it was not running at that sample: samples are taken apart from steps)."""
+    if snap is None:
+        return None
+    names = snap["owner_req_ids"]
+    mine = names.index(rid) + 1 if rid in names else 0  # owner is 1-based, 0 none
+    return {"ts": snap["ts"], "step": snap["step"], "num_blocks": snap["num_blocks"],
+            "states": list(snap["states"]),
+            "request_blocks": [i for i, o in enumerate(snap["owner"]) if mine and o == mine]}
 
 
 def _waiting(client: Any, story: Story, trace: dict | None,

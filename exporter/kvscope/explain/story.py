@@ -47,6 +47,8 @@ class Preemption:
     """Top holders of the pool as its step began (``holders.top_holders``)."""
     cached_blocks: int = -1
     """Evictable prefix-cache blocks in the last layout sample before (-1: no sample)."""
+    layout: dict | None = None
+    """The layout sample at or before its step, its blocks marked (``answer.layout_json``)."""
     trigger: dict | None = None
     """The requester's own event in that step (admitted, resumed or allocated), if any."""
 
