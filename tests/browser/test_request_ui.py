@@ -90,3 +90,32 @@ def test_page_says_never_preempted_and_unknown(store_app: dict, page: Any) -> No
     page.goto(f"{url}/ui/requests/nope?token=t0ken")
     page.wait_for_selector("#error", timeout=30_000)
     assert "no request 'nope'" in page.locator("#error").inner_text()
+
+
+def test_png_marks_its_blocks_on_each_layout_strip(store_app: dict, tmp_path: Path) -> None:
+    from PIL import Image, ImageColor
+
+    from kvscope.explain import png
+
+    body = httpx.get(f"{store_app['url']}/api/requests/{store_app['preempted']}",
+                     headers=AUTH, timeout=30).json()
+    path = tmp_path / "r.png"
+    size = png.render_png(body, str(path))
+    img = Image.open(path).convert("RGB")
+    assert img.size == size == (png.WIDTH, png.png_height(body))
+    (er,) = body["engine_requests"]
+    marked = [p["layout"] for p in er["preemptions"] if p["layout"]]
+    strip = {ImageColor.getrgb(c) for c in [*png.STATES, png.MINE]}
+    w = png.WIDTH - 2 * png.LEFT
+    rows, prev = [], False
+    for y in range(img.size[1]):  # a strip's rows hold only state colours and white
+        row = [img.getpixel((x, y)) for x in range(png.LEFT, png.LEFT + w)]
+        is_strip = all(px in strip for px in row)
+        if is_strip and not prev:
+            rows.append(row)
+        prev = is_strip
+    assert len(rows) == len(marked) > 0
+    for row, lay in zip(rows, marked, strict=True):
+        n = lay["num_blocks"]
+        white = sorted({b for b in range(n) if row[b * w // n] == (255, 255, 255)})
+        assert white == lay["request_blocks"]

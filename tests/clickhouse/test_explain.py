@@ -69,6 +69,12 @@ def test_every_preempted_request_story_equals_its_events(run: Run) -> None:  # n
         assert lost["total"]["seconds"] == pytest.approx(t.e2e_seconds, abs=0.0015)
         assert lost["waiting"]["seconds"] == pytest.approx(t.queue_seconds, abs=0.0015)
         assert 0 < lost["recomputing"]["steps"] <= lost["running"]["steps"]
+        by_state = defaultdict(int)
+        for sp in r["spans"]:
+            by_state[sp["state"]] += sp["to_step"] - sp["from_step"]
+        assert by_state["preempted"] == lost["preempted"]["steps"]
+        assert by_state["waiting"] == lost["waiting"]["steps"]
+        assert by_state["running"] == lost["running"]["steps"]
 
 
 def test_each_preemption_trigger_was_admitted_or_grew_in_that_step(run: Run) -> None:  # noqa: F811
@@ -159,8 +165,8 @@ def test_the_callers_request_id_finds_its_engine_request(run: Run) -> None:  # n
     assert "client acme" in render_text.render(got)
 
 
-def test_cli_unknown_id_and_never_preempted(run: Run, capsys: pytest.CaptureFixture[str]  # noqa: F811
-                                            ) -> None:
+def test_cli_unknown_id_and_never_preempted(run: Run, capsys: pytest.CaptureFixture[str],  # noqa: F811
+                                            tmp_path: Any) -> None:
     base = ["explain", "--dsn", run.dsn, "--database", run.database]
     assert cli.main([*base, "no-such-request"]) == 3
     err = capsys.readouterr().err
@@ -176,3 +182,11 @@ def test_cli_unknown_id_and_never_preempted(run: Run, capsys: pytest.CaptureFixt
     assert cli.main([*base, "--worst", "3", "--since", "0", "--format", "json"]) == 0
     valid(json.loads(capsys.readouterr().out), "worst")
     assert cli.main(base) == 2
+    rid = max(run.traces, key=lambda t: (t.preempt_count, t.request_id)).request_id
+    assert cli.main([*base, rid, "--png", str(tmp_path / "r.png")]) == 0
+    assert f"engine request {rid}" in capsys.readouterr().out
+    from PIL import Image
+
+    from kvscope.explain import png
+    with Image.open(tmp_path / "r.png") as img:
+        assert img.size == (png.WIDTH, png.png_height(answer.explain(run.client, rid)))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvscope.explain import holders, source
-from kvscope.explain.story import Preemption, Story, build
+from kvscope.explain.story import Preemption, Story, build, spans
 
 SCHEMA = "kvscope.explain/1"
 DECISIONS = ("preempt", "admission_blocked", "never_fits")
@@ -50,7 +50,7 @@ def request_answer(client: Any, rid: str, who: dict[str, dict]) -> dict[str, Any
         _pool_at_preemption(client, story, p)
     return {
         "request_id": rid, "model": model, "server": server, "engine": engine,
-        "trace": trace, "timeline": events,
+        "trace": trace, "timeline": events, "spans": spans(events),
         "lost": {k: getattr(story, k).as_json() for k in
                  ("waiting", "preempted", "recomputing", "running", "total")},
         "preemptions": [_preemption(p, decided) for p in story.preemptions],

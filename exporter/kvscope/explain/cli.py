@@ -28,6 +28,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "(e.g. 3600), or an epoch / ISO 8601 time (default 3600)")
     p.add_argument("--server", default="", help="with --worst: one vLLM server")
     p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--png", metavar="PATH", help="also draw the answer to this PNG (for a "
+                                                 "ticket)")
     p.add_argument("--dsn", help=f"http(s)://... or chdb:///path [{ENV_DSN}, else the "
                                  "embedded store kvscope serve uses by default]")
     p.add_argument("--database", help="database (default: the DSN's, else kvscope)")
@@ -68,6 +70,10 @@ def run(args: argparse.Namespace) -> int:
                    else render_text.worst(found))
         else:
             got = answer.explain(client, args.request_id)
+            if args.png:
+                from kvscope.explain.png import render_png
+
+                render_png(got, args.png)
             out = (render_json.dumps(got) if args.format == "json"
                    else render_text.render(got))
     except answer.UnknownRequest:

@@ -117,3 +117,22 @@ def build(events: list[dict], next_step: Callable[[int], dict | None] = lambda _
 
 def _first(events: list[dict], *kinds: str) -> dict | None:
     return next((e for e in events if e["event"] in kinds), None)
+
+
+STATE_AFTER = {"queued": "waiting", "preempted": "preempted", "admitted": "running",
+               "resumed": "running", "finished": "", "aborted": ""}
+
+
+def spans(events: list[dict]) -> list[dict[str, Any]]:
+    """The request's states over time (waiting, running, preempted) between its events,
+    for the chart: one entry per change of state."""
+    out: list[dict[str, Any]] = []
+    state, since = "", None
+    for e in events:
+        nxt = STATE_AFTER.get(e["event"], state)
+        if nxt != state or e["event"] in END_EVENTS:
+            if state and since is not None:
+                out.append({"state": state, "from_ts": since["ts"], "to_ts": e["ts"],
+                            "from_step": since["step"], "to_step": e["step"]})
+            state, since = nxt, e
+    return out
