@@ -14,7 +14,6 @@ from dashboards import panels as p
 from dashboards.blocks import engine_variables
 from dashboards.config import Config
 
-
 SIDECAR_URL = "http://localhost:9477"
 EXPLAIN = ("Explain ${__value.raw} (kvscope explain)", "${sidecar}/ui/requests/${__value.raw}")
 """The data link on a request ID: the sidecar's page of ``kvscope explain``."""
