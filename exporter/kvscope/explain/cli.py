@@ -28,6 +28,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "(e.g. 3600), or an epoch / ISO 8601 time (default 3600)")
     p.add_argument("--server", default="", help="with --worst: one vLLM server")
     p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--counterfactual", metavar="KEY:VALUE,...",
+                   help="the server's settings as kvscope whatif --baseline takes them (e.g. "
+                        "blocks:6250,block_size:16,max_seqs:256,budget:8192): replay the "
+                        "window around the request on the twin, gate it, then alternatives")
+    p.add_argument("--window", type=float, default=60.0, metavar="S",
+                   help="with --counterfactual: seconds of arrivals before the request (60)")
+    p.add_argument("--model", metavar="NAME|PATH", help="with --counterfactual: the served "
+                   "model's KV layout (as kvscope whatif --model)")
+    p.add_argument("--max-model-len", type=int, default=1024, metavar="N",
+                   help="with --counterfactual: the server's --max-model-len (1024)")
     p.add_argument("--png", metavar="PATH", help="also draw the answer to this PNG (for a "
                                                  "ticket)")
     p.add_argument("--dsn", help=f"http(s)://... or chdb:///path [{ENV_DSN}, else the "
@@ -35,6 +45,20 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--database", help="database (default: the DSN's, else kvscope)")
     p.set_defaults(func=run)
     return p
+
+
+def add_counterfactual(client: Any, got: dict[str, Any], args: argparse.Namespace) -> None:
+    """Each engine request's counterfactual under ``args`` (kept in the answer)."""
+    from kvscope.explain.counterfactual import counterfactual
+    from kvscope.models.kv_layout import load
+
+    model = load(args.model).twin_fields() if args.model else None
+    for r in got["engine_requests"]:
+        ev = r["timeline"]
+        r["counterfactual"] = counterfactual(
+            client, r["engine"], r["server"], r["request_id"], queued_ts=ev[0]["ts"],
+            end_ts=ev[-1]["ts"], baseline=args.counterfactual, window_s=args.window,
+            model=model, max_model_len=args.max_model_len)
 
 
 def since_epoch(text: str, now: float) -> float:
@@ -70,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
                    else render_text.worst(found))
         else:
             got = answer.explain(client, args.request_id)
+            if args.counterfactual:
+                add_counterfactual(client, got, args)
             if args.png:
                 from kvscope.explain.png import render_png
 

@@ -52,6 +52,29 @@ def engine_request(r: dict[str, Any]) -> list[str]:
         out += _holders(w["holders"])
     if not r["preemptions"]:
         out.append("  never preempted")
+    if "counterfactual" in r:
+        out += counterfactual(r["counterfactual"])
+    return out
+
+
+def counterfactual(cf: dict[str, Any]) -> list[str]:
+    out = [f"  counterfactual: the {cf['window']} requests of the window replayed on the twin"]
+    if "fidelity" not in cf:
+        return out + [f"    not run: {'; '.join(cf['errors'])}"]
+    fid = cf["fidelity"]
+    for name, f in fid["figures"].items():
+        out.append(f"    {name:<20} server {f['recorded']}  twin {f['replayed']}  "
+                   f"error {f['error']} (allowed {f['allowed']})")
+    if not fid["trusted"]:
+        return out + [f"    the fidelity gate FAILS ({', '.join(fid['failing'])}): the twin "
+                      "does not reproduce this window, so no counterfactual is shown"]
+    rec, srv = cf["recorded"], cf["server"]
+    out.append(f"    this request: recorded {rec['preemptions']} preemptions, "
+               f"{rec['latency_steps']} steps; twin, server's settings: "
+               f"{srv['preemptions']}, {srv['latency_steps']} steps")
+    for a in cf["alternatives"]:
+        out.append(f"    {a['setting']:<16} {a['preemptions']} preemptions, "
+                   f"{a['latency_steps']} steps")
     return out
 
 
