@@ -162,6 +162,9 @@ def test_the_callers_request_id_finds_its_engine_request(run: Run) -> None:  # n
     assert [a["client_id"] for a in got["api_requests"]] == ["acme"]
     assert [r["request_id"] for r in got["engine_requests"]] == [t.request_id]
     assert len(got["engine_requests"][0]["preemptions"]) == t.preempt_count
+    # the API row's duration is the traced e2e here: nothing outside the engine (1 ms: the
+    # store keeps milliseconds)
+    assert got["engine_requests"][0]["outside_engine_s"] == pytest.approx(0, abs=0.0015)
     assert "client acme" in render_text.render(got)
 
 

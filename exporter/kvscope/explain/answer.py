@@ -30,6 +30,10 @@ def explain(client: Any, rid: str) -> dict[str, Any]:
         raise UnknownRequest(rid)
     who = {r["request_id"]: r for r in api}
     stories = [request_answer(client, e, who) for e in ids]
+    for s in stories:
+        if s is not None:  # what the API server spent beyond the engine's part
+            s["outside_engine_s"] = (round(api[0]["duration_s"] - s["lost"]["total"]["seconds"],
+                                           6) if len(api) == 1 and len(ids) == 1 else None)
     return {"schema": SCHEMA, "request_id": rid,
             "api_requests": [_api(r) for r in api],
             "engine_requests": [s for s in stories if s is not None]}
