@@ -107,8 +107,10 @@ def custom(name: str, label: str, values: list[str], default: str,
             .description(description))
 
 
-def textbox(name: str, label: str, description: str) -> db.TextBoxVariable:
-    return db.TextBoxVariable(name).label(label).description(description)
+def textbox(name: str, label: str, description: str,
+            default: str = "") -> db.TextBoxVariable:
+    v = db.TextBoxVariable(name).label(label).description(description)
+    return v.default_value(default) if default else v
 
 
 # -- queries -----------------------------------------------------------------------------
@@ -196,14 +198,15 @@ def single(title: str, description: str, query: Query, *, unit: str = "short", w
 
 
 def grid(title: str, description: str, query: Query, *, w: int = 24, h: int = 9,
-         links: dict[str, tuple[str, str]] | None = None,
+         links: dict[str, tuple[str, str] | list[tuple[str, str]]] | None = None,
          units: dict[str, str] | None = None) -> table.Panel:
-    """A table; ``links`` maps a column to (link title, URL) data links."""
+    """A table; ``links`` maps a column to (link title, URL) data links, one or a list."""
     p = _common(table.Panel(), title, description, (query,), w, h, None)
     p.cell_height(cm.TableCellHeight.SM).filterable(True)
-    for column, (text, url) in (links or {}).items():
+    for column, given in (links or {}).items():
+        pairs = given if isinstance(given, list) else [given]
         p.override_by_name(column, [dm.DynamicConfigValue(
-            id_val="links", value=[{"title": text, "url": url}])])
+            id_val="links", value=[{"title": text, "url": url} for text, url in pairs])])
     for column, unit in (units or {}).items():
         p.override_by_name(column, [dm.DynamicConfigValue(id_val="unit", value=unit)])
     return p

@@ -14,6 +14,10 @@ from dashboards import panels as p
 from dashboards.blocks import engine_variables
 from dashboards.config import Config
 
+SIDECAR_URL = "http://localhost:9477"
+EXPLAIN = ("Explain ${__value.raw} (kvscope explain)", "${sidecar}/ui/requests/${__value.raw}")
+"""The data link on a request ID: the sidecar's page of ``kvscope explain``."""
+
 
 def variables(cfg: Config) -> list[Any]:
     days = sql.load("hourly_preemptions").defaults["days"]
@@ -31,6 +35,9 @@ def variables(cfg: Config) -> list[Any]:
                        description="Tokens per KV block of the engine (from its probe)."),
         p.textbox("request_id", "Request ID",
                   "An engine request ID (click one in a table) for the timeline below."),
+        p.textbox("sidecar", "Sidecar URL",
+                  "Where the browser reaches the kvscope sidecar: the request ID's "
+                  "'Explain' link opens its /ui/requests page.", SIDECAR_URL),
     ]
 
 
@@ -55,7 +62,7 @@ def build(cfg: Config) -> p.Board:
                "Most preemptions first, then most recomputed tokens. Click a request ID for "
                "its timeline. kvscope query top_preempted_requests.",
                p.ch(sql.render("top_preempted_requests")), h=10,
-               links={"request_id": ("Timeline of ${__value.raw}", victim)},
+               links={"request_id": [("Timeline of ${__value.raw}", victim), EXPLAIN]},
                units={"queue_seconds": "s", "e2e_seconds": "s"}),
         p.grid("Blocks needed vs free at each preemption (last $days days)",
                "Per reason: preemptions whose failed allocation needed more blocks than were "

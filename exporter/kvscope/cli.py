@@ -8,12 +8,13 @@ import sys
 
 from kvscope import __version__
 from kvscope.commands import demo, serve
+from kvscope.explain import cli as explain
 from kvscope.layout import dump as layout_dump
 from kvscope.load import cli as loadgen
 from kvscope.store import query, schema
 from kvscope.whatif import cli as whatif
 
-COMMANDS = (serve, demo, whatif, loadgen, layout_dump, query, schema)
+COMMANDS = (serve, demo, whatif, loadgen, layout_dump, query, schema, explain)
 """Each has ``add_parser(subparsers)`` (which sets ``run``) and ``run(args) -> int``."""
 
 

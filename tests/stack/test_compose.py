@@ -278,3 +278,25 @@ def test_cpu_server_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
     assert opt("--host") == "0.0.0.0" and opt("--port") == "8000"
     assert opt("--num-gpu-blocks-override") == "64"
     assert opt("--middleware") == "kvscope_probe.middleware.KVScopeMiddleware"
+
+
+def test_lokis_request_id_link_opens_the_explain_page(services: dict[str, dict[str, Any]]) -> None:
+    """The derived field finds the request ID in a real decision-log line and links to the
+    sidecar's /ui/requests page at the URL Grafana's environment names."""
+    import re
+
+    from kvscope.decisions.log import decision_line
+    from kvscope.rows import SchedulerDecision
+
+    graf = services["grafana"]
+    prov = host_path(graf, "/etc/grafana/provisioning")
+    assert prov is not None
+    sources = yaml.safe_load((prov / "datasources" / "kvscope.yml").read_text())["datasources"]
+    (field,) = next(d for d in sources if d["type"] == "loki")["jsonData"]["derivedFields"]
+    line = decision_line(SchedulerDecision(
+        ts=1.0, model="m", engine="0", decision="preempt", request_id="cmpl-7a/x", reason="kv_full",
+        blocks_needed=1, free_blocks=0, max_contiguous_free=0, tokens=5, policy="fcfs",
+        msg="Preempting request cmpl-7a/x"))
+    assert re.search(field["matcherRegex"], line).group(1) == "cmpl-7a/x"
+    assert field["url"] == "${KVSCOPE_SIDECAR_URL}/ui/requests/$${__value.raw}"
+    assert graf["environment"]["KVSCOPE_SIDECAR_URL"].endswith("http://localhost:9477}")

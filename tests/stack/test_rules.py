@@ -93,6 +93,7 @@ def test_runbook_names_only_real_vllm_flags() -> None:
         "--max-num-batched-tokens", "--block-size", "--scheduling-policy",
         "--enable-prefix-caching", "--health-timeout", "--endpoint", "--vllm-url",
         "--param", "--list", "--max-model-len", "--kv-cache-memory-bytes",
+        "--worst", "--since", "--server",  # kvscope explain's, as --param is kvscope query's
     }
     texts = [RUNBOOK.read_text()] + [
         r["annotations"]["description"] for r in load_rules() if "alert" in r
@@ -126,3 +127,14 @@ def test_config_reports_every_error_at_once() -> None:
     assert len(errors) == 4, errors
     with pytest.raises(ValueError, match="exhausted_for"):
         build(cfg)
+
+
+def test_every_p1_alert_runbook_names_the_explain_command() -> None:
+    """Each P1 (critical) alert's section names the ``kvscope explain --worst`` command
+    that lists the requests behind it, scoped to the alert's server."""
+    runbook = RUNBOOK.read_text()
+    p1 = {r["alert"] for r in load_rules() if "alert" in r and r["labels"]["priority"] == "P1"}
+    assert p1 >= {"KVScopeKVPoolExhaustedBudgetLeft", "KVScopePreemptionRateHigh"}
+    for name in p1:
+        section = runbook.split(f"## {name}\n", 1)[1].split("\n## ", 1)[0]
+        assert "kvscope explain --worst 10 --since 900 --server <server>" in section, name

@@ -16,8 +16,8 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 
 def test_every_command_sets_its_own_run() -> None:
     commands = _subparsers(build_parser())
-    assert sorted(commands) == ["demo", "layout", "loadgen", "query", "schema", "serve",
-                                "whatif"]
+    assert sorted(commands) == ["demo", "explain", "layout", "loadgen", "query", "schema",
+                                "serve", "whatif"]
     runs = {p.get_default("run") for p in commands.values()}
     runs |= {p.get_default("run") for p in _subparsers(commands["layout"]).values()}
     runs.discard(None)  # ``layout`` itself; ``layout dump`` runs

@@ -2,9 +2,10 @@
 
 The layers, bottom up (the README's "Layout of the repository" draws the same picture):
 the probe (``kvscope_probe``, its own distribution) and the shared helpers -> rows -> state
--> sinks -> stores (store, decisions) -> layout -> sidecar ingest -> exposition -> HTTP ->
-the sidecar's server and config -> twin -> the programs (whatif, explain, demo, loadgen,
-the client SDK, the local vLLM launcher) -> cli. The layout package sits below the sidecar
+-> sinks -> stores (store, decisions) -> layout -> explain (one request's story, read
+from the store) -> sidecar ingest -> exposition -> HTTP -> the sidecar's server and config
+-> twin -> the programs (whatif, explain's counterfactual and command, demo, loadgen, the
+client SDK, the local vLLM launcher) -> cli. The layout package sits below the sidecar
 because ``kvscope serve`` samples the pool's layout and serves its page; it reads the state
 only. Imports are read with ``ast`` from the source (those inside functions and under
 ``TYPE_CHECKING`` included), so a lazy import cannot hide an upward edge.
@@ -29,12 +30,14 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("sinks", ("kvscope.sinks",)),
     ("stores", ("kvscope.store", "kvscope.decisions")),
     ("layout", ("kvscope.layout",)),
+    ("explain", ("kvscope.explain",)),
     ("ingest", ("kvscope.sidecar.ingest",)),
     ("exposition", ("kvscope.sidecar.exposition",)),
     ("http", ("kvscope.sidecar.http",)),
     ("sidecar", ("kvscope.sidecar",)),
     ("twin", ("kvscope.twin",)),
-    ("programs", ("kvscope.whatif", "kvscope.explain", "kvscope.demo", "kvscope.load",
+    ("programs", ("kvscope.whatif", "kvscope.explain.counterfactual", "kvscope.explain.cli",
+                  "kvscope.demo", "kvscope.load",
                   "kvscope.client", "kvscope.localvllm")),
     ("cli", ("kvscope.cli", "kvscope.__main__", "kvscope.commands")),
 ]

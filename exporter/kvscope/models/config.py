@@ -130,15 +130,18 @@ def _write_json_atomically(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def write_llama_config(dir: Path, kind: str = "llama") -> Path:
+def write_llama_config(dir: Path, kind: str = "llama",
+                       max_position_embeddings: int = MAX_POSITION_EMBEDDINGS) -> Path:
     """Write ``config.json`` and ``generation_config.json`` for the tiny Llama (or the
-    ``kind`` of ``MODELS``) into ``dir``.
+    ``kind`` of ``MODELS``) into ``dir``; ``max_position_embeddings`` stands in for a
+    served model's context (the twin's scheduler reads nothing else of the model).
 
     Enough for ``vllm.config.ModelConfig(model=dir, skip_tokenizer_init=True)``; no
     weights and no tokenizer. Returns ``dir``.
     """
     dir = Path(dir)
     dir.mkdir(parents=True, exist_ok=True)
-    _write_json_atomically(dir / "config.json", MODELS[kind][0]())
+    _write_json_atomically(dir / "config.json", {
+        **MODELS[kind][0](), "max_position_embeddings": max_position_embeddings})
     _write_json_atomically(dir / "generation_config.json", _generation_config())
     return dir

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from kvscope.decisions.log import DecisionLog
 from kvscope.decisions.loki import LokiSink
+from kvscope.explain.api import explain_router
 from kvscope.layout.api import layout_router
 from kvscope.layout.history import clickhouse_history, layout_rows, to_row
 from kvscope.layout.sampler import LayoutSampler
@@ -74,6 +75,7 @@ class Sidecar:
         self.layout.subscribe(self._layout_rows)
         history = clickhouse_history(store.client, store.database) if store else None
         self.app.include_router(layout_router(self.hub, self.layout, history))
+        self.app.include_router(explain_router(store.reader if store else None))
         # uvicorn re-raises SIGTERM/SIGINT once it has shut down, so nothing after
         # server.run() is guaranteed to run: flush from the app's shutdown instead.
         self.app.router.on_shutdown.append(self.stop_workers)

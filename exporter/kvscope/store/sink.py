@@ -161,6 +161,14 @@ class ClickHouseSink:
                 self._client = client
             return self._client
 
+    def reader(self) -> Any:
+        """A new client on the store's database for reading (the caller closes it); the
+        writer's client stays the sink's own."""
+        import clickhouse_connect
+
+        self.client()  # the schema is applied first
+        return clickhouse_connect.get_client(dsn=self.target.dsn, database=self.database)
+
     def _drop_client(self) -> None:
         if self._client is not None:
             try:

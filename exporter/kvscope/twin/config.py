@@ -63,6 +63,10 @@ class TwinConfig:
     '{"method": "draft_model", "num_speculative_tokens": N}'``); N > 0 also reserves N
     lookahead slots in every allocation. 0: no speculative decoding."""
 
+    max_position_embeddings: int = MAX_POSITION_EMBEDDINGS
+    """The served model's context (its config.json), which bounds ``max_model_len``: the
+    tiny model's by default, a user's model's with ``kvscope whatif --model``."""
+
     def layout_summary(self) -> str:
         """The KV layout and scheduler in one line: ``full+sliding (window 128 tokens),
         AsyncScheduler, 2 draft tokens/step``."""
@@ -93,10 +97,13 @@ class TwinConfig:
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
                 f"max_num_seqs ({self.max_num_seqs}), as vLLM requires."
             )
-        if not 1 <= self.max_model_len <= MAX_POSITION_EMBEDDINGS:
+        if not 1 <= self.max_model_len <= self.max_position_embeddings:
+            whose = ("the tiny model's positions; --model names a served model's"
+                     if self.max_position_embeddings == MAX_POSITION_EMBEDDINGS
+                     else "the model's max_position_embeddings")
             errors.append(
-                f"max_model_len must be between 1 and {MAX_POSITION_EMBEDDINGS} "
-                f"(the tiny model's positions), got {self.max_model_len}."
+                f"max_model_len must be between 1 and {self.max_position_embeddings} "
+                f"({whose}), got {self.max_model_len}."
             )
         if self.layout not in LAYOUTS:
             errors.append(f"layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}.")

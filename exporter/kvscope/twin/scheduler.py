@@ -11,7 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvscope.models.config import default_cache_dir, write_llama_config
+from kvscope.models.config import (
+    MAX_POSITION_EMBEDDINGS,
+    default_cache_dir,
+    write_llama_config,
+)
 from kvscope.twin._vllm import (
     AsyncScheduler,
     CacheConfig,
@@ -46,7 +50,11 @@ again; nothing is loaded."""
 
 def vllm_config(cfg: TwinConfig, model_dir: Path | None = None) -> VllmConfig:
     """The ``VllmConfig`` a server started with ``cfg``'s flags would build."""
-    model_dir = write_llama_config(model_dir or default_cache_dir() / MODEL_CONFIG_DIR)
+    positions = cfg.max_position_embeddings
+    default_dir = default_cache_dir() / (MODEL_CONFIG_DIR if positions == MAX_POSITION_EMBEDDINGS
+                                         else f"{MODEL_CONFIG_DIR}-{positions}")
+    model_dir = write_llama_config(model_dir or default_dir,
+                                   max_position_embeddings=positions)
     model = ModelConfig(
         model=str(model_dir),
         served_model_name=TWIN_MODEL_NAME,

@@ -67,6 +67,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     s.add_argument("--bytes-per-token", type=int, default=None, metavar="N",
                    help="KV bytes per token for --kv-bytes "
                    f"(default {tiny_model_bytes_per_token()}, the tiny test model)")
+    s.add_argument("--model", metavar="NAME|PATH",
+                   help="the served model's KV layout and context: a model directory or its "
+                        "config.json (no weights read), or a known model (kvscope.models."
+                        "known: Llama-3-8B, Mistral-7B-v0.1, Qwen2.5-7B, Gemma-3-12B, ...); "
+                        "also the default --bytes-per-token")
     s.add_argument("--max-model-len", type=int, default=1024, metavar="N",
                    help="longest prompt + output, every setting (1024)")
     w = p.add_argument_group("workload (a synthetic mix, or --replay)")

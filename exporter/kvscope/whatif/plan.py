@@ -6,6 +6,7 @@ import argparse
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from kvscope.models.kv_layout import load as load_model
 from kvscope.twin.workload import TwinRequest, WorkloadSpec, generate
 from kvscope.whatif.recorded import OUTCOME_KEYS, has_outcomes
 from kvscope.whatif.replay import ReplayError, load
@@ -110,20 +111,33 @@ def _baseline(args: argparse.Namespace, work: Plan | None, bpt: int,
                       f"did (the saved query replay_traffic: {', '.join(OUTCOME_KEYS)})")
         return None
     found = build({k: [] for k in KEYS}, [f"server={args.baseline}"],
-                  max_model_len=args.max_model_len, bytes_per_token=bpt, errors=errors)
+                  max_model_len=args.max_model_len, bytes_per_token=bpt, errors=errors,
+                  model=model_fields(args))
     return found[0] if found else None
+
+
+def model_fields(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The TwinConfig fields of ``--model`` (after ``plan`` loaded it), else None."""
+    model = getattr(args, "model_layout", None)
+    return model.twin_fields() if model else None
 
 
 def plan(args: argparse.Namespace) -> tuple[Plan | None, list[str]]:
     """Settings and requests from parsed arguments, or every problem found."""
     errors: list[str] = []
-    bpt = args.bytes_per_token or tiny_model_bytes_per_token()
+    try:
+        model = load_model(args.model) if getattr(args, "model", None) else None
+    except ValueError as exc:
+        return None, [str(exc)]
+    args.model_layout = model
+    bpt = args.bytes_per_token or (model.bytes_per_token() if model
+                                   else tiny_model_bytes_per_token())
     if args.bytes_per_token is not None and args.bytes_per_token < 1:
         errors.append("--bytes-per-token must be positive")
     axes = {k: [v.strip() for v in (getattr(args, f"axis_{k}") or "").split(",") if v.strip()]
             for k in KEYS}
     settings = build(axes, args.setting, max_model_len=args.max_model_len,
-                     bytes_per_token=bpt, errors=errors)
+                     bytes_per_token=bpt, errors=errors, model=model_fields(args))
     work: Plan | None = None
     if args.requests is not None and args.requests < 1:
         errors.append("--requests must be at least 1")

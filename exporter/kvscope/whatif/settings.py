@@ -162,14 +162,16 @@ def _split_pairs(spec: str, where: str, errors: list[str]) -> dict[str, str]:
 
 
 def build(axes: dict[str, list[str]], named: list[str], *, max_model_len: int,
-          bytes_per_token: int, errors: list[str]) -> list[Setting]:
+          bytes_per_token: int, errors: list[str],
+          model: dict[str, Any] | None = None) -> list[Setting]:
     """The settings to compare, appending every problem to ``errors``.
 
     ``axes`` maps each key to the values given for it (an empty list: the default).
     Without ``named`` settings their product is the grid; with them, each axis holds at
-    most one value, which fills the keys a named setting leaves out.
+    most one value, which fills the keys a named setting leaves out. ``model``: the
+    TwinConfig fields of the served model (``KvModel.twin_fields``), the tiny one's if None.
     """
-    base = TwinConfig(max_model_len=max_model_len)
+    base = TwinConfig(max_model_len=max_model_len, **(model or {}))
     axes = {k: _valid(k, v, errors) for k, v in axes.items()}
     defaults = {"block_size": str(base.block_size), "max_seqs": str(base.max_num_seqs),
                 "budget": str(base.max_num_batched_tokens), "policy": base.policy,

@@ -26,6 +26,7 @@ from kvscope.state.hub import Hub
 
 OPEN_PATHS = ("/healthz", "/readyz")
 QUERY_TOKEN_PATHS = ("/ui",)  # a browser cannot set a header to load the page itself
+QUERY_TOKEN_PREFIXES = ("/ui/requests/",)
 
 
 def engine_summary(st: EngineState, hub: Hub) -> dict[str, Any]:
@@ -138,7 +139,9 @@ def _require_token(app: FastAPI, token: str) -> None:
         if request.url.path in OPEN_PATHS:
             return await call_next(request)
         given = request.headers.get("authorization", "").encode()
-        if request.url.path in QUERY_TOKEN_PATHS and "token" in request.query_params:
+        page = (request.url.path in QUERY_TOKEN_PATHS
+                or request.url.path.startswith(QUERY_TOKEN_PREFIXES))
+        if page and "token" in request.query_params:
             given = f"Bearer {request.query_params['token']}".encode()
         if not hmac.compare_digest(given, expected):
             return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401)

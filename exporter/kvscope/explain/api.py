@@ -1,0 +1,50 @@
+"""HTTP for explain: ``GET /api/requests/{id}`` (the answer as JSON, from the store) and
+``/ui/requests/{id}`` (a static page that draws it: the timeline and, at each preemption,
+the layout with the request's blocks marked).
+
+``explain_router(connect)`` takes a function that opens a clickhouse-connect client on the
+sidecar's store database; a client is opened per request and closed after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from fastapi import APIRouter, HTTPException
+from fastapi.responses import HTMLResponse
+
+from kvscope.explain import answer
+
+
+@cache
+def page_html() -> str:
+    return (resources.files("kvscope.explain") / "ui" / "request.html").read_text()
+
+
+def explain_router(connect: Callable[[], Any] | None) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/api/requests/{request_id}", summary="Why one request was slow (explain)")
+    def explain(request_id: str) -> dict[str, Any]:
+        if connect is None:
+            raise HTTPException(503, "no store: the sidecar runs with --clickhouse-dsn off")
+        try:
+            client = connect()
+        except Exception as exc:  # noqa: BLE001 - the store is down: say so, no traceback
+            raise HTTPException(503, f"store unavailable ({type(exc).__name__})") from None
+        try:
+            return answer.explain(client, request_id)
+        except answer.UnknownRequest:
+            raise HTTPException(404, f"no request {request_id!r} in the store") from None
+        finally:
+            client.close()
+
+    @router.get("/ui/requests/{request_id}", response_class=HTMLResponse,
+                summary="One request's story as a page")
+    def page(request_id: str) -> HTMLResponse:
+        return HTMLResponse(page_html())
+
+    return router

@@ -1,0 +1,63 @@
+"""Who held the pool at a step: blocks per request from the lifecycle events, grouped by
+request, client and user agent; and whether a waiting request could ever have fitted.
+
+A request's blocks as a step began are the ``total_blocks`` of its last event before that
+step (0 after it was queued, preempted or ended), so the figure is the tracker's own
+ledger of the request, not a sample.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+HOLDING = ("admitted", "resumed", "allocated")
+TOP = 5
+
+
+def blocks_held(events: list[dict]) -> dict[str, int]:
+    """Blocks each request held after the last of ``events`` (in order), when > 0."""
+    held: dict[str, int] = {}
+    for e in events:
+        if e["event"] in HOLDING and e["total_blocks"] >= 0:
+            held[e["request_id"]] = e["total_blocks"]
+        elif e["event"] not in HOLDING:
+            held.pop(e["request_id"], None)
+    return {r: b for r, b in held.items() if b > 0}
+
+
+def top_holders(held: dict[str, int], who: dict[str, dict], top: int = TOP) -> dict[str, Any]:
+    """The top ``top`` holders by request, client and user agent; ``who`` maps a request
+    to its trace or client row (client_id, user_agent; missing: unknown)."""
+    total = sum(held.values())
+    by: dict[str, dict[str, int]] = {"client": defaultdict(int), "user_agent": defaultdict(int)}
+    for rid, n in held.items():
+        row = who.get(rid, {})
+        by["client"][row.get("client_id") or "(unknown)"] += n
+        by["user_agent"][row.get("user_agent") or "(unknown)"] += n
+
+    def ranked(d: dict[str, int]) -> list[dict[str, Any]]:
+        items = sorted(d.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
+        return [{"key": k, "blocks": n} for k, n in items]
+
+    return {"held_blocks": total, "requests": len(held), "by_request": ranked(held),
+            "by_client": ranked(by["client"]), "by_user_agent": ranked(by["user_agent"])}
+
+
+def trigger_event(step_events: list[dict], requester: str) -> dict | None:
+    """The requester's own event in the preemption's step: it was admitted, resumed or
+    grew there (None: no such event, or no requester recorded)."""
+    if not requester:
+        return None
+    return next((e for e in step_events if e["request_id"] == requester
+                 and e["event"] in HOLDING), None)
+
+
+def could_fit(required_blocks: int, never_fits: list[dict], rid: str,
+              num_blocks: int) -> dict[str, Any]:
+    """Whether the request could ever fit the pool: no never_fits decision names it and
+    its blocks (prompt + output, all groups) are within the pool (-1 when unknown)."""
+    named = [d for d in never_fits if d["request_id"] == rid]
+    return {"never_fits_decisions": len(named), "required_blocks": required_blocks,
+            "pool_blocks": num_blocks,
+            "fits": not named and (num_blocks < 0 or required_blocks <= num_blocks)}

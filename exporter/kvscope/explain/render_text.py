@@ -1,0 +1,133 @@
+"""The answer as text for a terminal or a ticket."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+
+def clock(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%H:%M:%S.%f")[:-3]
+
+
+def render(answer: dict[str, Any]) -> str:
+    lines = [f"request {answer['request_id']}"]
+    for a in answer["api_requests"]:
+        lines.append(f"  API request {a['request_id']}: client {a['client_id'] or '-'}, "
+                     f"user agent {a['user_agent'] or '-'}, {a['endpoint']} -> "
+                     f"{a['http_status']} in {a['duration_s']:.3f} s (client side)")
+    for r in answer["engine_requests"]:
+        lines += [""] + engine_request(r)
+    return "\n".join(lines)
+
+
+def engine_request(r: dict[str, Any]) -> list[str]:
+    t = r["trace"]
+    out = [f"engine request {r['request_id']} on {r['server'] or '-'} engine {r['engine']} "
+           f"({r['model']})"]
+    if t:
+        out.append(f"  prompt {t['prompt_len']} tokens, output {t['output_len']} of "
+                   f"{t['max_gen_len']}, {t['required_blocks']} blocks needed, "
+                   f"{t['finish_reason']}, client {t['client_id'] or '-'}")
+    out.append(f"  verdict: {r['verdict']}")
+    out.append("  where the time went:")
+    for k in ("waiting", "preempted", "recomputing", "running", "total"):
+        span = r["lost"][k]
+        note = "  (part of running)" if k == "recomputing" else ""
+        out.append(f"    {k:<12} {span['seconds']:>10.3f} s {span['steps']:>7} steps{note}")
+    if r.get("outside_engine_s") is not None:
+        out.append(f"    {'outside':<12} {r['outside_engine_s']:>10.3f} s  (the API server's "
+                   "time beyond the engine's: HTTP, tokenizing, detokenizing)")
+    out.append("  timeline:")
+    for e in r["timeline"]:
+        out.append(f"    {clock(e['ts'])}  step {e['step']:>6}  {e['event']:<9} "
+                   + _event_facts(e))
+    for i, p in enumerate(r["preemptions"], 1):
+        out += _preemption(i, p)
+    w = r["waiting"]
+    if w:
+        fit = w["could_fit"]
+        out.append(f"  while it waited (step {w['step']}): {w['admission_blocked']} "
+                   f"admission_blocked decisions name it; it "
+                   + ("could fit the pool" if fit["fits"] else "could NEVER fit the pool")
+                   + (f" ({fit['required_blocks']} blocks of {fit['pool_blocks']})"
+                      if fit["pool_blocks"] >= 0 else " (pool size unknown: no layout sample)"))
+        out += _holders(w["holders"])
+    if not r["preemptions"]:
+        out.append("  never preempted")
+    if "counterfactual" in r:
+        out += counterfactual(r["counterfactual"])
+    return out
+
+
+def counterfactual(cf: dict[str, Any]) -> list[str]:
+    out = [f"  counterfactual: the {cf['window']} requests of the window replayed on the twin"]
+    if "fidelity" not in cf:
+        return out + [f"    not run: {'; '.join(cf['errors'])}"]
+    fid = cf["fidelity"]
+    for name, f in fid["figures"].items():
+        out.append(f"    {name:<20} server {f['recorded']}  twin {f['replayed']}  "
+                   f"error {f['error']} (allowed {f['allowed']})")
+    if not fid["trusted"]:
+        return out + [f"    the fidelity gate FAILS ({', '.join(fid['failing'])}): the twin "
+                      "does not reproduce this window, so no counterfactual is shown"]
+    rec, srv = cf["recorded"], cf["server"]
+    out.append(f"    this request: recorded {rec['preemptions']} preemptions, "
+               f"{rec['latency_steps']} steps; twin, server's settings: "
+               f"{srv['preemptions']}, {srv['latency_steps']} steps")
+    for a in cf["alternatives"]:
+        out.append(f"    {a['setting']:<16} {a['preemptions']} preemptions, "
+                   f"{a['latency_steps']} steps")
+    return out
+
+
+def _event_facts(e: dict[str, Any]) -> str:
+    facts = []
+    for k in ("blocks", "total_blocks", "free_blocks", "tokens"):
+        if e[k] >= 0:
+            facts.append(f"{k}={e[k]}")
+    if e["reason"]:
+        facts.append(f"reason={e['reason']}")
+    if e["detail"]:
+        facts.append(e["detail"])
+    return " ".join(facts)
+
+
+def _preemption(i: int, p: dict[str, Any]) -> list[str]:
+    trig = p["trigger"]
+    out = [f"  preemption {i} at step {p['step']} ({clock(p['ts'])}): {p['reason']}, "
+           f"policy {p['policy'] or '?'}",
+           f"    requester {p['requester'] or '-'} needed {p['blocks_needed']} blocks; free "
+           f"{p['free_blocks']} (evictable cached {p['cached_evictable_blocks']} in the last "
+           f"layout sample); it lost {p['victim_blocks']} blocks and {p['tokens_lost']} "
+           f"computed tokens",
+           "    trigger: " + ("itself: it needed a block and was the one vLLM's policy picks"
+                              if p["requester_is_victim"] else
+                              f"{trig['event']} in that step, +{trig['blocks']} blocks" if trig
+                              else "no admission or growth of the requester recorded there"),
+           "    resumed: " + (f"step {p['resumed']['step']}" if p["resumed"] else "never")]
+    return out + _holders(p["holders"])
+
+
+def _holders(h: dict[str, Any] | None) -> list[str]:
+    if not h:
+        return []
+    out = [f"    pool held: {h['held_blocks']} blocks by {h['requests']} requests; top:"]
+    for label, key in (("request", "by_request"), ("client", "by_client"),
+                       ("user agent", "by_user_agent")):
+        out.append(f"      by {label}: " + ", ".join(f"{x['key']} {x['blocks']}"
+                                                   for x in h[key]))
+    return out
+
+
+def worst(found: dict[str, Any]) -> str:
+    rows = found["requests"]
+    if not rows:
+        return f"no ended request queued since {clock(found['since'])} UTC"
+    lines = [f"{'lost s':>9} {'waiting s':>10} {'preempted s':>12} {'preemptions':>11}  "
+             "request (server engine)"]
+    for r in rows:
+        lines.append(f"{r['lost_s']:>9.3f} {r['waiting_s']:>10.3f} {r['preempted_s']:>12.3f} "
+                     f"{r['preemptions']:>11}  {r['request_id']} ({r['server'] or '-'} "
+                     f"{r['engine']})")
+    return "\n".join(lines + ["", f"details: {rows[0]['command']}"])

@@ -1,0 +1,124 @@
+"""What ``kvscope explain`` reads from the store, and nothing else: every SQL it runs.
+
+Per-request lifecycle events are read through ``events`` alone, so a change in how the
+store keeps them (a table split, a view) is one edit here. Rows come back as plain dicts
+with epoch-second floats, the shapes of ``kvscope.store.rows``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+EVENT_COLUMNS = ("ts", "model", "engine", "server", "request_id", "event", "step", "blocks",
+                 "total_blocks", "free_blocks", "max_contiguous_free", "tokens", "reason",
+                 "detail")
+TRACE_COLUMNS = ("ts", "model", "engine", "server", "request_id", "prompt_len", "max_gen_len",
+                 "output_len", "required_blocks", "allocated_blocks", "preempt_count",
+                 "recomputed_tokens", "cached_tokens", "arrival_ts", "queue_seconds",
+                 "e2e_seconds", "finish_reason", "client_id", "user_agent")
+CLIENT_COLUMNS = ("ts", "request_id", "engine_request_ids", "client_id", "user_agent",
+                  "endpoint", "http_status", "duration_s", "preempt_count")
+_EPOCH = {"ts", "arrival_ts"}
+
+
+def _rows(client: Any, sql: str, params: dict[str, Any], cols: tuple[str, ...]) -> list[dict]:
+    picked = ", ".join(f"toFloat64({c}) AS {c}" if c in _EPOCH else c for c in cols)
+    result = client.query(sql.replace("{cols}", picked), parameters=params)
+    return [dict(zip(cols, r, strict=True)) for r in result.result_rows]
+
+
+def events(client: Any, where: str, params: dict[str, Any], limit: int = 0) -> list[dict]:
+    """Lifecycle events matching ``where`` (SQL over request_events' columns), in the
+    order they happened: by step, then time, then the tracker's order within a step."""
+    return _rows(client, "SELECT {cols} FROM request_events WHERE " + where
+                 + " ORDER BY step, ts, indexOf(['queued', 'admitted', 'resumed', "
+                   "'allocated', 'preempted', 'finished', 'aborted'], event)"
+                 + (f" LIMIT {int(limit)}" if limit else ""), params, EVENT_COLUMNS)
+
+
+def first_event_after(client: Any, engine: str, server: str, step: int) -> dict | None:
+    """The engine's first event in a step after ``step`` (when that step began)."""
+    rows = events(client, "engine = {e:String} AND server = {s:String} AND step > {n:Int64}",
+                  {"e": engine, "s": server, "n": step}, limit=1)
+    return rows[0] if rows else None
+
+
+def request_events(client: Any, engine: str, server: str, rid: str) -> list[dict]:
+    return events(client, "engine = {e:String} AND server = {s:String} AND "
+                          "request_id = {r:String}", {"e": engine, "s": server, "r": rid})
+
+
+def live_events(client: Any, engine: str, server: str, step: int) -> list[dict]:
+    """Events before ``step`` of every request that still had an event at or after it: the
+    requests that could hold blocks as that step began."""
+    return events(client, "engine = {e:String} AND server = {s:String} AND step < {n:Int64} "
+                          "AND request_id IN (SELECT request_id FROM request_events WHERE "
+                          "engine = {e:String} AND server = {s:String} AND step >= {n:Int64})",
+                  {"e": engine, "s": server, "n": step})
+
+
+def engines_of(client: Any, rid: str) -> list[tuple[str, str, str]]:
+    """(model, server, engine) of every engine that saw request ``rid``."""
+    r = client.query("SELECT DISTINCT model, server, engine FROM request_events "
+                     "WHERE request_id = {r:String} ORDER BY server, engine",
+                     parameters={"r": rid})
+    return [tuple(x) for x in r.result_rows]
+
+
+def client_rows(client: Any, rid: str) -> list[dict]:
+    """API requests whose own ID (the caller's X-Request-Id) or joined engine IDs is ``rid``."""
+    return _rows(client, "SELECT {cols} FROM client_requests WHERE request_id = {r:String} "
+                         "OR has(splitByChar(',', engine_request_ids), {r:String}) "
+                         "ORDER BY ts", {"r": rid}, CLIENT_COLUMNS)
+
+
+def traces(client: Any, rids: list[str]) -> dict[str, dict]:
+    if not rids:
+        return {}
+    rows = _rows(client, "SELECT {cols} FROM request_traces WHERE request_id IN "
+                         "{r:Array(String)} ORDER BY ts", {"r": rids}, TRACE_COLUMNS)
+    return {r["request_id"]: r for r in rows}
+
+
+def decisions(client: Any, engine: str, server: str, kinds: tuple[str, ...],
+              lo: float, hi: float) -> list[dict]:
+    """Decisions of ``kinds`` on one engine between two times (epoch seconds)."""
+    cols = ("ts", "decision", "request_id", "reason", "blocks_needed", "free_blocks",
+            "tokens", "policy", "msg")
+    return _rows(client, "SELECT {cols} FROM scheduler_decisions WHERE engine = {e:String} "
+                         "AND server = {s:String} AND decision IN {k:Array(String)} AND "
+                         "toFloat64(ts) BETWEEN {lo:Float64} AND {hi:Float64} ORDER BY ts",
+                 {"e": engine, "s": server, "k": list(kinds), "lo": lo - 0.001,
+                  "hi": hi + 0.001}, cols)
+
+
+def layout_at(client: Any, engine: str, server: str, step: int) -> dict | None:
+    """The last layout sample taken at or before ``step`` on one engine, if any."""
+    cols = ("ts", "step", "num_blocks", "free_blocks", "cached_blocks", "used_blocks",
+            "running", "waiting", "states", "owner", "owner_req_ids", "owner_blocks")
+    rows = _rows(client, "SELECT {cols} FROM layout_snapshots WHERE engine = {e:String} AND "
+                         "server = {s:String} AND step <= {n:Int64} ORDER BY step DESC, ts "
+                         "DESC LIMIT 1", {"e": engine, "s": server, "n": step}, cols)
+    return rows[0] if rows else None
+
+
+def worst(client: Any, n: int, since: float, server: str) -> list[dict]:
+    """The ``n`` ended requests that lost the most seconds waiting to be admitted and
+    preempted (resumed minus preempted times), most first."""
+    cols = ("request_id", "server", "engine", "waiting_s", "preempted_s", "preemptions")
+    return _rows(client, """
+        SELECT {cols} FROM (
+          SELECT request_id, server, engine,
+            toFloat64(minIf(ts, event = 'admitted')) - toFloat64(minIf(ts, event = 'queued'))
+              AS waiting_s,
+            sumIf(toFloat64(ts), event = 'resumed') - sumIf(toFloat64(ts), event = 'preempted')
+              AS preempted_s,
+            countIf(event = 'preempted') AS preemptions
+          FROM request_events
+          WHERE ({s:String} = '' OR server = {s:String})
+          GROUP BY server, engine, request_id
+          HAVING countIf(event IN ('finished', 'aborted')) > 0
+             AND countIf(event = 'queued') > 0 AND countIf(event = 'admitted') > 0
+             AND toFloat64(minIf(ts, event = 'queued')) >= {since:Float64})
+        ORDER BY waiting_s + preempted_s DESC, request_id LIMIT {n:UInt32}""",
+                 {"s": server, "since": since, "n": n}, cols)

@@ -1,0 +1,195 @@
+"""``kvscope explain`` on chDB: one twin run (vLLM's real scheduler, the probe, the
+RequestTracker) written through the ClickHouse sink; each answer is checked against the rows
+the tracker emitted, computed again here from those rows."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from datetime import datetime, timezone
+from typing import Any
+
+import jsonschema
+import pytest
+
+from kvscope import cli
+from kvscope.explain import answer, render_json, render_text
+from kvscope.explain.story import facts
+from kvscope.rows import ClientRequest, RequestEvent, RequestTrace, as_tuple, columns
+from tests.clickhouse.test_queries import Run, run  # noqa: F401 (the fixture)
+
+pytestmark = [pytest.mark.clickhouse, pytest.mark.twin]
+SCHEMA = render_json.schema()
+
+
+def valid(body: Any, definition: str = "answer") -> None:
+    jsonschema.validate(json.loads(json.dumps(body)), {**SCHEMA, "$ref": f"#/$defs/{definition}"})
+
+
+def events_of(r: Run) -> dict[str, list[RequestEvent]]:
+    by: dict[str, list[RequestEvent]] = defaultdict(list)
+    for e in r.rows:
+        if isinstance(e, RequestEvent):
+            by[e.request_id].append(e)
+    return by
+
+
+def ms(ts: float) -> float:
+    return round(ts, 3)
+
+
+def test_every_preempted_request_story_equals_its_events(run: Run) -> None:  # noqa: F811
+    by = events_of(run)
+    preempted = [t for t in run.traces if t.preempt_count > 0]
+    assert len(preempted) >= 5
+    for t in preempted:
+        got = answer.explain(run.client, t.request_id)
+        valid(got)
+        (r,) = got["engine_requests"]
+        mine = [e for e in by[t.request_id] if e.event == "preempted"]
+        assert len(r["preemptions"]) == len(mine) == t.preempt_count
+        assert [p["step"] for p in r["preemptions"]] == [e.step for e in mine]
+        assert [p["blocks_needed"] for p in r["preemptions"]] == [
+            int(facts(e.detail)["blocks_needed"]) for e in mine]
+        assert [p["requester"] for p in r["preemptions"]] == [
+            facts(e.detail)["requester"] for e in mine]
+        resumed = [e for e in by[t.request_id] if e.event == "resumed"]
+        assert [p["resumed"]["step"] for p in r["preemptions"]] == [e.step for e in resumed]
+        lost = r["lost"]
+        queued = next(e for e in by[t.request_id] if e.event == "queued")
+        admitted = next(e for e in by[t.request_id] if e.event == "admitted")
+        end = next(e for e in by[t.request_id] if e.event == "finished")
+        assert lost["waiting"]["steps"] == admitted.step - queued.step
+        assert lost["preempted"]["steps"] == sum(b.step - a.step for a, b in
+                                                 zip(mine, resumed, strict=True))
+        assert lost["total"]["steps"] == end.step - queued.step
+        assert (lost["waiting"]["steps"] + lost["preempted"]["steps"]
+                + lost["running"]["steps"]) == lost["total"]["steps"]
+        # the store keeps milliseconds: the parts add up to the traced e2e within 1 ms
+        assert lost["total"]["seconds"] == pytest.approx(t.e2e_seconds, abs=0.0015)
+        assert lost["waiting"]["seconds"] == pytest.approx(t.queue_seconds, abs=0.0015)
+        assert 0 < lost["recomputing"]["steps"] <= lost["running"]["steps"]
+        by_state = defaultdict(int)
+        for sp in r["spans"]:
+            by_state[sp["state"]] += sp["to_step"] - sp["from_step"]
+        assert by_state["preempted"] == lost["preempted"]["steps"]
+        assert by_state["waiting"] == lost["waiting"]["steps"]
+        assert by_state["running"] == lost["running"]["steps"]
+
+
+def test_each_preemption_trigger_was_admitted_or_grew_in_that_step(run: Run) -> None:  # noqa: F811
+    by_step: dict[tuple[str, int], set[str]] = defaultdict(set)
+    for e in run.rows:
+        if isinstance(e, RequestEvent) and e.event in ("admitted", "resumed", "allocated"):
+            by_step[(e.request_id, e.step)].add(e.event)
+    seen = selfs = 0
+    for t in [t for t in run.traces if t.preempt_count > 0]:
+        (r,) = answer.explain(run.client, t.request_id)["engine_requests"]
+        for p in r["preemptions"]:
+            assert p["requester"], p  # the twin's preemptions all come from an allocation
+            if p["requester_is_victim"]:  # it needed a block and was last in line itself
+                assert p["requester"] == t.request_id and p["trigger"] is None
+                selfs += 1
+            else:
+                assert p["trigger"] is not None
+                assert p["trigger"]["event"] in by_step[(p["requester"], p["step"])]
+            assert p["policy"] == "fcfs"
+            seen += 1
+    assert seen == sum(t.preempt_count for t in run.traces)
+    assert 0 < selfs < seen  # both kinds occur in this run
+
+
+def held_by_replay(r: Run, step: int) -> dict[str, int]:
+    """Blocks each request held as ``step`` began, replaying the tracker's events."""
+    held: dict[str, int] = {}
+    rows = sorted((e for e in r.rows if isinstance(e, RequestEvent) and e.step < step),
+                  key=lambda e: (e.step, e.ts))
+    for e in rows:
+        if e.event in ("admitted", "resumed", "allocated"):
+            held[e.request_id] = e.total_blocks
+        else:
+            held.pop(e.request_id, None)
+    return {k: v for k, v in held.items() if v > 0}
+
+
+def test_holders_at_each_preemption_are_the_pool_as_the_step_began(run: Run) -> None:  # noqa: F811
+    t = max(run.traces, key=lambda t: (t.preempt_count, t.request_id))
+    (r,) = answer.explain(run.client, t.request_id)["engine_requests"]
+    for p in r["preemptions"]:
+        held = held_by_replay(run, p["step"])
+        h = p["holders"]
+        assert h["held_blocks"] == sum(held.values()) and h["requests"] == len(held)
+        top = sorted(held.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
+        assert [(x["key"], x["blocks"]) for x in h["by_request"]] == top
+        assert held[t.request_id] == p["victim_blocks"]  # the victim held what it lost
+    w = r["waiting"]
+    if w is not None:
+        assert w["holders"]["held_blocks"] == sum(
+            v for k, v in held_by_replay(run, w["step"]).items() if k != t.request_id)
+
+
+def test_worst_ranks_by_time_lost_waiting_and_preempted(run: Run) -> None:  # noqa: F811
+    by = events_of(run)
+    lost = {}
+    for rid, evs in by.items():
+        ts = {k: [ms(e.ts) for e in evs if e.event == k] for k in
+              ("queued", "admitted", "preempted", "resumed")}
+        lost[rid] = ts["admitted"][0] - ts["queued"][0] + sum(ts["resumed"]) - sum(
+            ts["preempted"])
+    got = answer.worst(run.client, 5, 0)
+    valid(got, "worst")
+    want = sorted(lost, key=lambda k: (-lost[k], k))[:5]
+    assert [x["request_id"] for x in got["requests"]] == want
+    for x in got["requests"]:
+        assert x["lost_s"] == pytest.approx(lost[x["request_id"]], abs=1e-6)
+        assert x["preemptions"] == len([e for e in by[x["request_id"]]
+                                        if e.event == "preempted"])
+    assert answer.worst(run.client, 5, 1e12)["requests"] == []
+
+
+def test_the_callers_request_id_finds_its_engine_request(run: Run) -> None:  # noqa: F811
+    t = max(run.traces, key=lambda t: (t.preempt_count, t.request_id))
+    row = ClientRequest(ts=t.ts + 0.01, request_id="ticket-4711", engine_request_ids=t.request_id,
+                        model=t.model, endpoint="/v1/completions", client_id="acme",
+                        user_agent="curl/8", api_key_hash="", prompt_hash="", prompt_chars=10,
+                        max_tokens=t.max_gen_len, http_status=200, duration_s=t.e2e_seconds,
+                        duplicate=False, duplicate_of="", preempt_count=t.preempt_count,
+                        preempt_reason="kv_full")
+    values = (datetime.fromtimestamp(row.ts, tz=timezone.utc),) + as_tuple(row)[1:]
+    run.client.insert("client_requests", [values], column_names=columns("client_requests"))
+    got = answer.explain(run.client, "ticket-4711")
+    valid(got)
+    assert [a["client_id"] for a in got["api_requests"]] == ["acme"]
+    assert [r["request_id"] for r in got["engine_requests"]] == [t.request_id]
+    assert len(got["engine_requests"][0]["preemptions"]) == t.preempt_count
+    # the API row's duration is the traced e2e here: nothing outside the engine (1 ms: the
+    # store keeps milliseconds)
+    assert got["engine_requests"][0]["outside_engine_s"] == pytest.approx(0, abs=0.0015)
+    assert "client acme" in render_text.render(got)
+
+
+def test_cli_unknown_id_and_never_preempted(run: Run, capsys: pytest.CaptureFixture[str],  # noqa: F811
+                                            tmp_path: Any) -> None:
+    base = ["explain", "--dsn", run.dsn, "--database", run.database]
+    assert cli.main([*base, "no-such-request"]) == 3
+    err = capsys.readouterr().err
+    assert "no request 'no-such-request' in the store" in err and "Traceback" not in err
+    calm: RequestTrace = next(t for t in run.traces if t.preempt_count == 0)
+    assert cli.main([*base, calm.request_id]) == 0
+    out = capsys.readouterr().out
+    assert "never preempted" in out and f"engine request {calm.request_id}" in out
+    assert cli.main([*base, calm.request_id, "--format", "json"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    valid(body)
+    assert body["engine_requests"][0]["preemptions"] == []
+    assert cli.main([*base, "--worst", "3", "--since", "0", "--format", "json"]) == 0
+    valid(json.loads(capsys.readouterr().out), "worst")
+    assert cli.main(base) == 2
+    rid = max(run.traces, key=lambda t: (t.preempt_count, t.request_id)).request_id
+    assert cli.main([*base, rid, "--png", str(tmp_path / "r.png")]) == 0
+    assert f"engine request {rid}" in capsys.readouterr().out
+    from PIL import Image
+
+    from kvscope.explain import png
+    with Image.open(tmp_path / "r.png") as img:
+        assert img.size == (png.WIDTH, png.png_height(answer.explain(run.client, rid)))

@@ -1,0 +1,83 @@
+"""The counterfactual of ``kvscope explain``: the recorded window replayed on the twin
+under the server's settings, gated by whatif's fidelity check, then under alternatives.
+
+The store is a twin run written through the ClickHouse sink, with no shared prompt
+prefixes: replay records cannot say who shared one, so with them the gate fails (as it
+should, and the second test shows)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import jsonschema
+import pytest
+
+from kvscope import cli
+from kvscope.explain import render_json, render_text
+from kvscope.explain.counterfactual import counterfactual
+from kvscope.rows import RequestTrace
+from kvscope.sinks.base import SinkManager
+from kvscope.state.requests import RequestTracker
+from kvscope.store.sink import ClickHouseSink
+from tests.clickhouse.conftest import FAST, clickhouse_connect, database_name
+from tests.clickhouse.test_queries import Run, run  # noqa: F401 (the fixture)
+
+pytestmark = [pytest.mark.clickhouse, pytest.mark.twin]
+
+
+@pytest.fixture(scope="module")
+def plain(chdb_dsn: str, twin_runner: Any, tmp_path_factory: pytest.TempPathFactory,
+          request: pytest.FixtureRequest) -> Iterator[tuple[Any, list[RequestTrace]]]:
+    from kvscope.twin import TwinConfig, WorkloadSpec, generate
+    from kvscope.twin.probed import ProbedTwin
+
+    db = database_name(request.node.nodeid) + "_plain"
+    sink = ClickHouseSink(chdb_dsn, database=db, options=FAST,
+                          spool_dir=str(tmp_path_factory.mktemp("spool")))
+    manager = SinkManager([sink])
+    rows: list[Any] = []
+    pt = ProbedTwin(TwinConfig(num_blocks=48), seed=6)
+    pt.hub.listeners.append(RequestTracker(lambda r: (rows.append(r), manager.emit(r))).on_event)
+    pt.run(generate(WorkloadSpec(n_requests=70, seed=6, shared_prefix_fraction=0.0)))
+    assert sink.flush(60)
+    manager.close()
+    client = clickhouse_connect.get_client(dsn=chdb_dsn, database=db)
+    yield client, [r for r in rows if isinstance(r, RequestTrace)]
+    client.close()
+
+
+def worst(traces: list[RequestTrace]) -> RequestTrace:
+    return max(traces, key=lambda t: (t.preempt_count, t.request_id))
+
+
+def test_the_servers_settings_reproduce_the_request_then_the_alternatives(
+        plain: tuple[Any, list[RequestTrace]]) -> None:
+    client, traces = plain
+    t = worst(traces)
+    assert t.preempt_count > 0
+    got = counterfactual(client, "0", "", t.request_id, queued_ts=t.arrival_ts, end_ts=t.ts,
+                         baseline="blocks:48", window_s=3600)
+    assert got["window"] == len(traces) == 70
+    assert got["fidelity"]["trusted"], got["fidelity"]
+    assert got["server"] == got["recorded"]
+    assert got["recorded"]["preemptions"] == t.preempt_count
+    names = [a["setting"] for a in got["alternatives"]]
+    assert names == ["1.5x blocks", "max_seqs / 2", "priority policy", "2x block size"]
+    assert all(a["preemptions"] is not None for a in got["alternatives"])
+
+
+def test_a_failing_gate_shows_no_alternatives(run: Run,  # noqa: F811
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    t = worst(run.traces)
+    assert cli.main(["explain", t.request_id, "--dsn", run.dsn, "--database", run.database,
+                     "--counterfactual", "blocks:48", "--window", "3600",
+                     "--format", "json"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    jsonschema.validate(body, render_json.schema())
+    got = body["engine_requests"][0]["counterfactual"]
+    assert not got["fidelity"]["trusted"] and got["alternatives"] == []
+    assert got["fidelity"]["failing"]
+    text = render_text.render(body)
+    assert "the fidelity gate FAILS" in text and "no counterfactual is shown" in text

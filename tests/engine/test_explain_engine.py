@@ -1,0 +1,78 @@
+"""``kvscope explain`` against a real vLLM CPU server under a load that preempts: the
+sidecar's ``/api/requests/{X-Request-Id}`` (from its embedded store) is checked against
+what vLLM itself counted for each request and against the latency each client measured."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.engine.conftest import EngineStack
+from tests.engine.test_engine import wait_until_quiet
+
+pytestmark = pytest.mark.engine
+N, PROMPT_WORDS, MAX_TOKENS = 24, 160, 200  # 24 x ~360 tokens on a 48 x 32-token pool
+
+
+def send(url: str, i: int) -> tuple[str, float]:
+    rid = f"explain-{i}"
+    body = {"model": "tiny", "prompt": " ".join(f"w{(i * 7 + k) % 900}" for k in
+                                                range(PROMPT_WORDS)),
+            "max_tokens": MAX_TOKENS, "ignore_eos": True}
+    started = time.time()
+    r = httpx.post(f"{url}/v1/completions", json=body, timeout=300, trust_env=False,
+                   headers={"X-Request-Id": rid, "X-Client-Id": "explainer"})
+    r.raise_for_status()
+    return rid, time.time() - started
+
+
+def explained(stack: EngineStack, rid: str, timeout_s: float = 60.0) -> dict[str, Any]:
+    """The answer once the request's trace and client row are in the store."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        r = httpx.get(f"{stack.sidecar.url}/api/requests/{rid}", timeout=30, trust_env=False)
+        body = r.json() if r.status_code == 200 else {}
+        ers = body.get("engine_requests") or []
+        if ers and ers[0]["trace"] and body["api_requests"]:
+            return body
+        assert time.monotonic() < deadline, (rid, r.status_code, r.text[:300])
+        time.sleep(1.0)
+
+
+def test_explain_matches_the_server_and_the_clients(engine_stack: EngineStack,
+                                                    record_property: Any) -> None:
+    with ThreadPoolExecutor(N) as pool:
+        measured = dict(pool.map(lambda i: send(engine_stack.vllm.url, i), range(N)))
+    wait_until_quiet(engine_stack)
+    preempted = gaps = 0
+    for rid, client_s in measured.items():
+        body = explained(engine_stack, rid)
+        (er,) = body["engine_requests"]
+        pre = er["preemptions"]
+        events = [e for e in er["timeline"] if e["event"] == "preempted"]
+        # vLLM's own per-request count (Request.num_preemptions, in the trace) and the events
+        assert len(pre) == er["trace"]["preempt_count"] == len(events)
+        assert [p["step"] for p in pre] == [e["step"] for e in events]
+        lost = er["lost"]
+        assert (lost["waiting"]["steps"] + lost["preempted"]["steps"] + lost["running"]["steps"]
+                == lost["total"]["steps"])
+        # the engine's part of the latency fits inside what the client measured (1 ms: the
+        # store keeps milliseconds), and inside what the middleware measured
+        assert lost["total"]["seconds"] <= client_s + 0.001
+        assert lost["total"]["seconds"] <= body["api_requests"][0]["duration_s"] + 0.001
+        gaps = max(gaps, client_s - lost["total"]["seconds"])
+        outside = er["outside_engine_s"]  # the API server's share, which explain reports
+        assert outside == pytest.approx(body["api_requests"][0]["duration_s"]
+                                        - lost["total"]["seconds"], abs=1e-6)
+        for p in pre:
+            assert p["requester_is_victim"] or p["trigger"] is not None, p
+        preempted += bool(pre)
+    record_property("preempted_requests", preempted)
+    record_property("max_client_minus_engine_s", round(gaps, 4))
+    print(f"explain engine figures: {preempted}/{N} preempted, client - engine latency "
+          f"at most {gaps:.4f} s")
+    assert preempted > 0
