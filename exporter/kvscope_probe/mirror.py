@@ -12,6 +12,10 @@ from typing import Any
 
 from kvscope_probe import wire
 
+REPAIR_BLOCKS = 2048
+"""Blocks of vLLM's pool one step reads, at most, to repair a mirror a contained fault may
+have left wrong: the repair walks the pool in slices of this many over several steps."""
+
 _STATE_AFTER = {wire.OP_ALLOC: wire.STATE_USED, wire.OP_FREE: wire.STATE_FREE,
                 wire.OP_FREE_CACHED: wire.STATE_CACHED, wire.OP_UNCACHE: wire.STATE_FREE}
 
@@ -32,19 +36,54 @@ class PoolMirror:
         self.null_ctx: tuple[str, int] | None = None
         """(request, KV group) while vLLM replaces that table's blocks by the null block."""
         self.states = self._scan_states()
+        self.repair_at: int | None = None
+        """Next block the repair reads; None while the mirror is exact."""
         self.sort_freed = _sort_freed_by_field if _hash_is_field(pool) else _sort_freed
 
     def _scan_states(self) -> bytearray:
-        """One full scan of the pool: at attach time and after a contained fault only."""
+        """One full scan of the pool, at attach time only (a fault repairs in slices)."""
         states = bytearray(len(self.pool.blocks))
-        for b in self.pool.blocks:
-            if b.is_null:
-                states[b.block_id] = wire.STATE_NULL
-            elif b.ref_cnt > 0:
-                states[b.block_id] = wire.STATE_USED
-            elif b.block_hash is not None and self.pool.enable_caching:
-                states[b.block_id] = wire.STATE_CACHED
+        self._scan_range(states, 0, len(states))
         return states
+
+    def _scan_range(self, states: bytearray, lo: int, hi: int) -> int:
+        """Set ``states`` of blocks ``lo`` to ``hi`` (excluded) from the pool; how many
+        blocks were read."""
+        caching = self.pool.enable_caching
+        for b in self.pool.blocks[lo:hi]:
+            if b.is_null:
+                s = wire.STATE_NULL
+            elif b.ref_cnt > 0:
+                s = wire.STATE_USED
+            elif caching and b.block_hash is not None:
+                s = wire.STATE_CACHED
+            else:
+                s = wire.STATE_FREE
+            states[b.block_id] = s
+        return hi - lo
+
+    @property
+    def dirty(self) -> bool:
+        """A contained fault may have left ``states`` wrong, and the repair is not done."""
+        return self.repair_at is not None
+
+    def mark_dirty(self) -> None:
+        """Start the repair over from block 0 (a fault during a repair restarts it)."""
+        self.repair_at = 0
+
+    def repair_slice(self, budget: int = REPAIR_BLOCKS) -> bool:
+        """Settle, then read the next ``budget`` blocks of the pool into ``states``; True
+        when this slice finished the repair. Blocks already read stay exact: the ops that
+        follow keep them so, as they keep a clean mirror."""
+        lo = self.repair_at
+        if lo is None:
+            return False
+        self.settle()
+        n = len(self.states)
+        hi = min(n, lo + budget)
+        self._scan_range(self.states, lo, hi)
+        self.repair_at = None if hi >= n else hi
+        return self.repair_at is None
 
     def take_ops(self) -> tuple[list[tuple[int, list[int]]], list[wire.Nulled],
                                 list[wire.Nulled]]:

@@ -35,9 +35,9 @@ _wall = time.time
 
 MAX_FAULTS = 1000  # contained exceptions before the probe switches itself off
 FORCED_KEYFRAME_GAP_S = 0.2
-"""Least time between keyframes asked for by a drop or a fault. While the sidecar is gone
-every send fails; one keyframe per step would cost the engine thread a copy of the block
-tables on every step for as long as the outage lasts."""
+"""Least time between keyframes asked for by a drop or a fault. A dropped send asks for
+one only once a later send goes through (``sender.py``), so while the sidecar is gone only
+the periodic keyframe is built."""
 
 
 RING_BYTES = 64 << 20
@@ -66,6 +66,8 @@ class Recorder(PoolMirror):
         self.send_dropped = 0  # written by the sender thread only
         self.faults = 0
         self.want_keyframe = True
+        self.resync_pending = False
+        """A send was dropped: the next send that goes through asks for a keyframe."""
         self.keyframe_interval_ns = int(keyframe_interval_s * 1e9)
         self.next_keyframe_ns = 0
         self.next_forced_ns = 0
@@ -78,7 +80,6 @@ class Recorder(PoolMirror):
         self.need_fn: Any = None  # the hook, built at the first arming
         self.alloc_ns, self.need_ns = layer_costs(
             type(mgr.coordinator).get_num_blocks_to_allocate)
-        self.dirty = False  # a contained fault may have left the mirror wrong: rescan
         self.in_schedule = False
         self.last_probe_ns = 0
         self.hello = hello(sched)
@@ -118,12 +119,13 @@ class Recorder(PoolMirror):
 
     def fault(self, where: str, exc: BaseException, *, rescan: bool = True) -> None:
         """Count a contained error; ``rescan``: the mirror may be wrong (an engine-thread
-        hook failed), so the next keyframe scans the pool. The sender's errors leave the
-        mirror intact and must not cost the engine thread a scan."""
+        hook failed), so it is repaired in slices over the next steps (``repair_slice``)
+        and the keyframe waits for the repair. The sender's errors leave the mirror
+        intact and must not cost the engine thread a repair."""
         self.faults += 1
         self.want_keyframe = True
         if rescan:
-            self.dirty = True
+            self.mark_dirty()
         if self.faults == 1:
             log.warning("kvscope probe: contained an error in %s: %r", where, exc)
         if self.faults >= MAX_FAULTS and self.enabled:
@@ -243,8 +245,12 @@ class Recorder(PoolMirror):
             len(sched.running), waiting, head[0], head[1], free, schedule_ns,
             self.last_probe_ns, rolled,
         ))
+        if self.repair_at is not None:
+            self.repair_slice()
         due = t_end >= self.next_keyframe_ns
-        if due or (self.want_keyframe and t_end >= self.next_forced_ns):
+        if self.repair_at is not None:
+            pass  # no keyframe from a mirror under repair: the ledger stays stale
+        elif due or (self.want_keyframe and t_end >= self.next_forced_ns):
             self.keyframe(t_end)
         # The untimed layers, estimated: the get_new_blocks wrapper per call, and the
         # need hook, armed through this step, once per scheduled request at least.
@@ -270,11 +276,12 @@ class Recorder(PoolMirror):
         return out
 
     def keyframe(self, t_now: int) -> None:
-        """Copy the mirror (no pool scan) plus the running requests' block tables."""
+        """Copy the mirror (no pool scan) plus the running requests' block tables; while
+        a repair is under way, only ask for one when it completes."""
+        if self.repair_at is not None:
+            self.want_keyframe = True
+            return
         self.settle()
-        if self.dirty:
-            self.states = self._scan_states()
-            self.dirty = False
         self.want_keyframe = False
         self.next_keyframe_ns = t_now + self.keyframe_interval_ns
         self.next_forced_ns = t_now + int(FORCED_KEYFRAME_GAP_S * 1e9)

@@ -1,8 +1,9 @@
 """The probe's background thread: ring records -> frames -> ZMQ PUSH.
 
 Runs off vLLM's engine thread. Sends never block: with a full high-water mark or no
-connected sidecar the batch is dropped, counted, and a keyframe is requested so the
-sidecar can resynchronise.
+connected sidecar the batch is dropped and counted; the first send that goes through
+after drops asks for a keyframe, so the sidecar can resynchronise (while it is away no
+send goes through, and no keyframe is forced).
 
 The thread wakes once per flush interval (``KVSCOPE_PROBE_FLUSH_S``, 0.1 s) and sends
 what the ring holds. Its cost is per wakeup, not per record: each wakeup takes the GIL
@@ -227,11 +228,14 @@ class Sender(threading.Thread):
                 if not transport.send(self._sock, wire.encode(frame), SEND_WAIT_MS):
                     raise zmq.Again()
                 self.sent += n
+                if rec.resync_pending:  # the sidecar reads again: resynchronise it
+                    rec.resync_pending = False
+                    rec.want_keyframe = True
             except Exception as exc:  # noqa: BLE001
                 # The batch is gone whatever failed (building, encoding or sending it):
                 # count it, so dropped + received always equals what the probe recorded.
                 rec.send_dropped += n
-                rec.want_keyframe = True
+                rec.resync_pending = True
                 if not isinstance(exc, zmq.Again):
                     rec.fault("sender", exc, rescan=False)
         return handled

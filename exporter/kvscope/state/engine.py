@@ -115,9 +115,12 @@ class EngineState:
 
     # -- frames ---------------------------------------------------------------------
     def note_frame(self, frame: wire.Frame) -> None:
-        """Check continuity; a gap makes the ledger stale until the next keyframe."""
+        """Check continuity; a gap, or a fault the probe contained since the last frame
+        (its mirror may be under repair), makes the ledger stale until the next keyframe."""
         if frame.first_seq != self.next_seq:
             self.counters.gaps += 1
+            self.ledger.synced = False
+        if frame.faults > self.probe_faults:
             self.ledger.synced = False
         self.next_seq = frame.first_seq + len(frame.records)
         self.probe_dropped = frame.dropped

@@ -146,6 +146,8 @@ class Hub:
         state = self.sessions.get(frame.session)
         if state is not None:
             state.probe_dropped = frame.dropped
+            if frame.faults > state.probe_faults:
+                state.ledger.synced = False  # the probe's mirror may be under repair
             state.probe_faults = frame.faults
 
     def _admit(self, hello: wire.Hello, first_seq: int) -> EngineState:
