@@ -96,7 +96,11 @@ def test_heartbeats_keep_an_idle_engine_connected_and_skip_the_sequence() -> Non
     assert hub.state_of(st) == "idle"
     assert (st.probe_dropped, st.probe_faults) == (2, 1)  # carried by the heartbeat
     assert send(hub, h, [step()], 3)  # first_seq 99 in the heartbeats was no gap
-    assert st.counters.gaps == 0 and st.ledger.synced and hub.state_of(st) == "active"
+    assert st.counters.gaps == 0 and hub.state_of(st) == "active"
+    # The heartbeat reported a new probe fault: the ledger is stale until a keyframe (the
+    # probe repairs its mirror and sends one), never shown as checked meanwhile.
+    assert not st.ledger.synced
+    assert send(hub, h, [kf(h)], 4) and st.ledger.synced and st.counters.gaps == 0
     time.sleep(0.4)
     assert hub.state_of(st) == "silent"
     assert hub.heartbeats == 5
