@@ -24,6 +24,7 @@ def probe_state(q: Promql, name: str) -> str:
 def probe_alerts(cfg: Config) -> list[Rule]:
     q = Promql(cfg)
     w = cfg.probe_problem_window
+    disabled = q.m("kvscope_probe_feature_disabled", 'feature!="hash_field"')
     busy = (
         f"{q.by_engine('sum', q.m('vllm_scheduler_running_requests'))}\n+\n"
         f"{q.by_engine('sum', q.m('vllm_scheduler_waiting_requests'))}\n> 0"
@@ -90,6 +91,18 @@ def probe_alerts(cfg: Config) -> list[Rule]:
             description=f"{PROBE} caught {{{{ $value | humanize }}}} errors of its own in "
             f"the last {w}. vLLM was not affected, but the probe switches itself off after "
             "1000 of them.",
+            dashboard=cfg.dashboards.blocks,
+        ),
+        alert(
+            cfg,
+            "KVScopeProbeFeatureDisabled",
+            # hash_field is only a faster read of a block's hash: nothing is lost without it.
+            f"max by ({q.engine}, feature) ({disabled}) == 1",
+            severity="warning",
+            summary="The kvscope probe does not record a feature on this engine's vLLM.",
+            description=f"{PROBE} found vLLM's classes different from its fingerprint for "
+            "feature {{ $labels.feature }} and does not record it; the figures that feature "
+            "feeds are missing or not exact for this engine.",
             dashboard=cfg.dashboards.blocks,
         ),
     ]

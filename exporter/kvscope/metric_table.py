@@ -58,6 +58,9 @@ SIDECAR_METRICS: tuple[Declared, ...] = (
              (*ENGINE, "vllm_version", "policy", "block_size", "num_blocks", "token_budget",
               "max_num_seqs", "dp_rank"),
              "Static facts about an engine the probe reports."),
+    Declared("kvscope_probe_feature_disabled", GAUGE, (*ENGINE, "feature"),
+             "1 for each probe feature this engine's vLLM did not match the fingerprint of "
+             "(not recorded); no series when everything matches."),
     Declared("vllm_scheduler_steps", COUNTER, ENGINE, "Scheduler steps (schedule() calls)."),
     Declared("vllm_scheduler_scheduled_tokens", COUNTER, ENGINE,
              "Tokens scheduled, summed over steps."),

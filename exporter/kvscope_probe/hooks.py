@@ -105,7 +105,9 @@ def _attaching(attach: Callable[[Any], Recorder | None]) -> Callable[..., Any]:
     return rec_of
 
 
-def _scheduler_hooks(cls: Any, attach: Callable[[Any], Recorder | None]) -> None:
+def _scheduler_hooks(cls: Any, attach: Callable[[Any], Recorder | None],
+                     off: dict[str, str] | None = None) -> None:
+    off = off or {}
     cls._kvscope = None
     # Attach as soon as the engine has a scheduler, not at its first step: an engine
     # that has served nothing yet says hello and sends heartbeats, so the sidecar
@@ -127,10 +129,10 @@ def _scheduler_hooks(cls: Any, attach: Callable[[Any], Recorder | None]) -> None
                   before=before_schedule, after=after_schedule, timed=False)
     guard.install(cls, "_preempt_request", name="Scheduler._preempt_request",
                   before=lambda rec, a, k: rec.on_preempt(guard.arg(a, k, 1, "request")))
-    if callable(getattr(cls, "_free_request", None)):
+    if "ends" not in off and callable(getattr(cls, "_free_request", None)):
         guard.install(cls, "_free_request", name="Scheduler._free_request",
                       before=lambda rec, a, k: rec.on_end(guard.arg(a, k, 1, "request")))
-    if callable(getattr(cls, "add_request", None)):
+    if "arrivals" not in off and callable(getattr(cls, "add_request", None)):
         def known(rec: Recorder, a: Any, k: Any) -> bool:
             return guard.arg(a, k, 1, "request").request_id in a[0].requests
 
@@ -156,8 +158,11 @@ def _new_blocks(rec: Recorder, a: Any, k: Any, ret: Any, st: Any) -> None:
                         else list(map(_block_id, ret))))
 
 
-def _pool_hooks(cls: Any, registry: dict[str, guard.Hook] | None = None) -> None:
-    """The BlockPool wrappers (``registry``: where calibrate.py's stand-ins go)."""
+def _pool_hooks(cls: Any, registry: dict[str, guard.Hook] | None = None,
+               off: dict[str, str] | None = None) -> None:
+    """The BlockPool wrappers (``registry``: where calibrate.py's stand-ins go; ``off``:
+    features not recorded)."""
+    uncache = "uncache" not in (off or {})
     def on(attr: str, **kw: Any) -> None:
         guard.install(cls, attr, name=f"BlockPool.{attr}", registry=registry, **kw)
 
@@ -167,16 +172,22 @@ def _pool_hooks(cls: Any, registry: dict[str, guard.Hook] | None = None) -> None
     for attr, param in (("free_blocks", "ordered_blocks"), ("unpin_blocks", "blocks")):
         on(attr, materialize=(1, param),
            after=lambda rec, a, k, ret, st, p=param: rec.on_free(guard.arg(a, k, 1, p)))
-    if callable(getattr(cls, "evict_blocks", None)):
+    if uncache and callable(getattr(cls, "evict_blocks", None)):
         on("evict_blocks", materialize=(1, "block_ids"),
            after=lambda rec, a, k, ret, st: rec.on_uncache(guard.arg(a, k, 1, "block_ids")))
-    if callable(getattr(cls, "reset_prefix_cache", None)):
+    if uncache and callable(getattr(cls, "reset_prefix_cache", None)):
         on("reset_prefix_cache", after=lambda rec, a, k, ok, st: ok and rec.on_uncache_all())
     cls._kvscope = None
 
 
-def install(attach: Callable[[Any], Recorder | None]) -> list[str]:
-    """Patch vLLM's classes once; return the optional hooks that were not found."""
+DISABLED: dict[str, str] = {}
+"""{feature: why} the fingerprint switched off at install (``fingerprint.check``)."""
+
+
+def install(attach: Callable[[Any], Recorder | None],
+            off: dict[str, str] | None = None) -> list[str]:
+    """Patch vLLM's classes once, leaving out the hooks of the features in ``off``
+    (``fingerprint.check``); return the optional hooks that were not found."""
     sched_cls = _resolve("vllm.v1.core.sched.scheduler:Scheduler")
     if getattr(sched_cls, "_kvscope_installed", False):
         return []
@@ -188,10 +199,14 @@ def install(attach: Callable[[Any], Recorder | None]) -> list[str]:
             absent.append(path)
             continue
         absent += [f"{path}.{n}" for n in names if not callable(getattr(cls, n, None))]
-    _pool_hooks(_resolve("vllm.v1.core.block_pool:BlockPool"))
+    off = dict(off or {})
+    DISABLED.clear()
+    DISABLED.update(off)
+    _pool_hooks(_resolve("vllm.v1.core.block_pool:BlockPool"), off=off)
     managers = "vllm.v1.core.single_type_kv_cache_manager:SingleTypeKVCacheManager"
     if not any(a.startswith(managers) for a in absent):
-        manager_hooks(_resolve(managers))
-    _scheduler_hooks(sched_cls, attach)
+        manager_hooks(_resolve(managers), nulling="null_tables" not in off,
+                      relocating="relocate" not in off)
+    _scheduler_hooks(sched_cls, attach, off=off)
     sched_cls._kvscope_installed = True
     return absent

@@ -127,8 +127,9 @@ def engine_identity(vllm_config: Any, env: dict[str, str] | None = None,
                     started=process_start_time())
 
 
-def hello(sched: Any) -> wire.Hello:
-    """The Hello for vLLM scheduler ``sched``: a new session of this engine."""
+def hello(sched: Any, disabled: dict[str, str] | None = None) -> wire.Hello:
+    """The Hello for vLLM scheduler ``sched``: a new session of this engine
+    (``disabled``: the features the probe does not record, ``fingerprint``)."""
     import vllm
 
     cfg = sched.vllm_config
@@ -160,4 +161,5 @@ def hello(sched: Any) -> wire.Hello:
         server=ident.server,
         dp_rank=ident.dp_rank,
         started=ident.started,
+        disabled=dict(disabled or {}),
     )

@@ -35,9 +35,10 @@ def _relocated(rec: Any, a: Any, k: Any, ret: Any, st: Any) -> None:
     rec.on_relocate(a[0], guard.arg(a, k, 1, "req_blocks"), guard.arg(a, k, 2, "block_idx"))
 
 
-def manager_hooks(base: Any) -> None:
+def manager_hooks(base: Any, *, nulling: bool = True, relocating: bool = True) -> None:
     """Wrap ``_remove_blocks_in_range`` on the base manager and every override of it, and
-    ``_relocate_speculative_block`` where a manager has one."""
+    ``_relocate_speculative_block`` where a manager has one (each unless switched off:
+    ``fingerprint``)."""
     todo, seen = [base], set()
     while todo:
         cls = todo.pop()
@@ -45,9 +46,9 @@ def manager_hooks(base: Any) -> None:
             continue
         seen.add(cls)
         todo += cls.__subclasses__()
-        if callable(cls.__dict__.get("_remove_blocks_in_range")):
+        if nulling and callable(cls.__dict__.get("_remove_blocks_in_range")):
             guard.install(cls, "_remove_blocks_in_range", rec_of=_rec_of_manager,
                           before=_null_ctx_on, after=_null_ctx_off, timed=False)
-        if callable(cls.__dict__.get("_relocate_speculative_block")):
+        if relocating and callable(cls.__dict__.get("_relocate_speculative_block")):
             guard.install(cls, "_relocate_speculative_block", rec_of=_rec_of_manager,
                           after=_relocated)

@@ -154,9 +154,9 @@ class PoolMirror:
 def _hash_is_field(pool: Any) -> bool:
     """vLLM's ``KVCacheBlock.block_hash`` is a property over the ``_block_hash`` field
     (0.32, 0.33): reading the field is 27 ns a block less, ~1 us a finished request."""
-    cls = type(pool.blocks[0]) if pool.blocks else None
-    return (cls is not None and isinstance(cls.__dict__.get("block_hash"), property)
-            and "_block_hash" in getattr(cls, "__dataclass_fields__", {}))
+    from kvscope_probe.fingerprint import hash_is_field
+
+    return bool(pool.blocks) and hash_is_field(type(pool.blocks[0]))
 
 
 def _sort_freed(blocks: Any, pool: Any, plain: list[int], cached: list[int]) -> None:

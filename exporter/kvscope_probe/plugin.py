@@ -128,8 +128,9 @@ def version_warning(version: str) -> str | None:
         return None
     return (
         f"kvscope probe: vLLM {version} is outside the tested range "
-        f"({TESTED_VLLM[0]} to {TESTED_VLLM[-1]}); recording anyway, since the methods it "
-        "hooks exist; if kvscope_ledger_mismatches_total grows, its figures are not exact"
+        f"({TESTED_VLLM[0]} to {TESTED_VLLM[-1]}); recording only what the structural "
+        "check of its classes confirms; if kvscope_ledger_mismatches_total grows, its "
+        "figures are not exact"
     )
 
 
@@ -163,7 +164,16 @@ def enable(endpoint: str | None) -> bool:
             )
             return False
         _note_version()
-        absent = hooks.install(attach)
+        from kvscope_probe import fingerprint
+
+        off = fingerprint.check()
+        if off:
+            import vllm
+
+            log.warning(fingerprint.line(off, str(getattr(vllm, "__version__", "unknown"))))
+        if "core" in off:
+            return False
+        absent = hooks.install(attach, off)
         if absent:
             log.info("kvscope probe: optional hooks unavailable: %s", ", ".join(absent))
         return True

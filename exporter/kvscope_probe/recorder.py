@@ -21,10 +21,10 @@ from typing import Any
 
 import msgspec
 
-from kvscope_probe import wire
+from kvscope_probe import fingerprint, wire
 from kvscope_probe.calibrate import layer_costs
 from kvscope_probe.identity import hello
-from kvscope_probe.mirror import PoolMirror
+from kvscope_probe.mirror import PoolMirror, _sort_freed
 from kvscope_probe.needhook import arm, arm_below
 from kvscope_probe.reasons import classify
 
@@ -54,6 +54,14 @@ class Recorder(PoolMirror):
         self.sched = sched
         self.mgr = mgr
         super().__init__(mgr.block_pool)
+        from kvscope_probe.hooks import DISABLED
+
+        self.disabled: dict[str, str] = {**DISABLED, **fingerprint.instance(sched)}
+        """{feature: why} not recorded for this scheduler (``fingerprint``)."""
+        if "core" in self.disabled:
+            raise RuntimeError(self.disabled["core"])
+        if "hash_field" in self.disabled:
+            self.sort_freed = _sort_freed
         self.enabled = True
         self.ring: deque[tuple[int, bytes]] = deque()
         """(sequence number, the record encoded)."""
@@ -82,12 +90,13 @@ class Recorder(PoolMirror):
             type(mgr.coordinator).get_num_blocks_to_allocate)
         self.in_schedule = False
         self.last_probe_ns = 0
-        self.hello = hello(sched)
+        self.hello = hello(sched, self.disabled)
         self.group_block_sizes = [g.block_size for g in self.hello.kv_groups]
-        self.kv_holding = getattr(sched, "kv_holding_waiting", None)
+        self.kv_holding = (None if "kv_holding" in self.disabled
+                           else getattr(sched, "kv_holding_waiting", None))
         self.spec_prev: list[str] = []
         self.policy = self.hello.policy
-        self.arm_below = arm_below(sched, self.hello)
+        self.arm_below = -1 if "need" in self.disabled else arm_below(sched, self.hello)
 
     # -- ring -------------------------------------------------------------------
     def push(self, item: wire.Record) -> None:

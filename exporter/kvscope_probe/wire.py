@@ -79,6 +79,9 @@ class Hello(msgspec.Struct, tag="hello", array_like=True, frozen=True):
     started: float = 0.0
     """Epoch seconds at which the EngineCore process started (0.0 unknown): lets the
     sidecar check the PID only when it sees this very process."""
+    disabled: dict[str, str] = {}
+    """{feature: why} the probe does not record on this vLLM (``kvscope_probe.fingerprint``);
+    absent in frames of probes before it, which decode as nothing disabled."""
 
 
 class Preemption(msgspec.Struct, array_like=True, frozen=True):

@@ -90,12 +90,19 @@ def live_samples(tmp_path: Path) -> dict[str, set[str]]:
             requests.append(dataclasses.replace(r, request_id=f"cmpl-{rid}-0-{i:08x}"))
         pt.run(requests)
         # two more live probes claiming one identity: a collision, kept apart and counted
+        # the second of them on a vLLM whose Mamba relocation the fingerprint refused
+        # (full attention never relocates: only the hello's ``disabled`` differs)
+        from kvscope_probe import hooks
+
         os.environ["KVSCOPE_ENGINE"] = "twin-dup"
         try:
             for seed in (2, 3):
+                if seed == 3:
+                    hooks.DISABLED["relocate"] = "doctored"
                 ProbedTwin(TwinConfig(num_blocks=48), seed=seed, hub=side.hub).drain()
         finally:
             del os.environ["KVSCOPE_ENGINE"]
+            hooks.DISABLED.pop("relocate", None)
         for i in range(len(requests)):
             side.clients.on_client(wire.ClientEnd(f"req-{i}", time.time(), 200, 1.0, f"req-{i}"))
         assert side.scraper is not None

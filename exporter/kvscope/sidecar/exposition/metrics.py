@@ -106,6 +106,9 @@ class KVScopeCollector:
             ],
             1,
         )
+        off = f.g("kvscope_probe_feature_disabled", EL + ["feature"])
+        for feature in getattr(h, "disabled", None) or ():
+            off.add_metric(lv + [feature], 1)
         f.c("vllm_scheduler_steps").add_metric(lv, c.steps)
         f.c("vllm_scheduler_scheduled_tokens").add_metric(lv, c.scheduled_tokens)
         f.c("vllm_scheduler_token_budget_tokens").add_metric(lv, c.budget_tokens)
