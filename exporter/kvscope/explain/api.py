@@ -11,12 +11,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Path
 from fastapi.responses import HTMLResponse
 
 from kvscope.explain import answer
+
+RequestId = Annotated[str, Path(min_length=1, max_length=512,
+                                description="vLLM's request ID or the caller's X-Request-Id")]
+"""Bounded, so a hostile path is a 422, never a query over a megabyte of text."""
 
 
 @cache
@@ -28,9 +32,11 @@ def explain_router(connect: Callable[[], Any] | None) -> APIRouter:
     router = APIRouter()
 
     @router.get("/api/requests/{request_id}", summary="Why one request was slow (explain)")
-    def explain(request_id: str) -> dict[str, Any]:
+    def explain(request_id: RequestId) -> dict[str, Any]:
         if connect is None:
-            raise HTTPException(503, "no store: the sidecar runs with --clickhouse-dsn off")
+            # Not a failure of the sidecar (no 5xx): this one keeps no store, by its settings.
+            raise HTTPException(404, "this sidecar keeps no store (--clickhouse-dsn off); "
+                                     "kvscope explain reads the store")
         try:
             client = connect()
         except Exception as exc:  # noqa: BLE001 - the store is down: say so, no traceback
@@ -44,7 +50,7 @@ def explain_router(connect: Callable[[], Any] | None) -> APIRouter:
 
     @router.get("/ui/requests/{request_id}", response_class=HTMLResponse,
                 summary="One request's story as a page")
-    def page(request_id: str) -> HTMLResponse:
+    def page(request_id: RequestId) -> HTMLResponse:
         return HTMLResponse(page_html())
 
     return router
