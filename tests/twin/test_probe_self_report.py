@@ -104,20 +104,31 @@ def test_zmq_io_cpu_counts_the_probes_zmq_threads_and_not_vllms(tmp_path) -> Non
     assert len(frames) > 10 and io == sorted(io) and io[-1] > 0
 
     def comm(tid: int | str) -> str:
-        with open(f"/proc/self/task/{tid}/comm") as f:
-            return f.read().strip()
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                return f.read().strip()
+        except FileNotFoundError:  # a thread that ended since the listing
+            return ""
 
     names = {tid: comm(tid) for tid in iothreads.thread_ids()}
     assert sorted(names.values()) == ["7135/ZMQbg/IO/0", "7135/ZMQbg/Reap"]
     assert set(snd.io_cpu.tids) == set(names)
 
     # A context of vLLM's kind, busy: its I/O thread works, the probe's count stays put.
+    before = set(os.listdir("/proc/self/task"))  # earlier tests' contexts may linger
     other = zmq.Context()
     a, b = other.socket(zmq.PUSH), other.socket(zmq.PULL)
     port = b.bind_to_random_port("tcp://127.0.0.1")
     a.connect(f"tcp://127.0.0.1:{port}")
-    theirs = [int(t) for t in os.listdir("/proc/self/task") if comm(t) == "ZMQbg/IO/0"]
-    assert theirs and not set(theirs) & set(names)
+    # libzmq names its I/O thread from inside that thread once it runs: until then its
+    # name is the process's, so wait for the name rather than read it once.
+    deadline = time.monotonic() + 10
+    theirs: list[int] = []
+    while not theirs and time.monotonic() < deadline:
+        theirs = [int(t) for t in set(os.listdir("/proc/self/task")) - before
+                  if comm(t) == "ZMQbg/IO/0"]
+        time.sleep(0.01)
+    assert len(theirs) == 1 and not set(theirs) & set(names)
 
     def their_cpu() -> int:
         return sum(time.clock_gettime_ns(iothreads._cpu_clock(t)) for t in theirs)
