@@ -57,6 +57,9 @@ ABSENT = {
     "exports no kvscope_gpu_* series",
     "KVScopeReconciliationDrift[warning]": "needs kvscope serve --vllm-url and a real vLLM "
     "server (tests/engine checks the difference itself)",
+    "KVScopeProbeFeatureDisabled[warning]": "the twin's vLLM matches the probe's fingerprint, "
+    "so no kvscope_probe_feature_disabled series exists (tests/twin/test_probe_fingerprint.py "
+    "and tests/unit/test_probe_disabled.py doctor vLLM to make one)",
 }
 MARGINS = {
     # How far the run went past the thresholds the live expressions need (for the report).
