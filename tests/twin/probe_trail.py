@@ -15,6 +15,25 @@ from kvscope.twin import TwinConfig, WorkloadSpec, generate
 SPEC = WorkloadSpec(n_requests=40, seed=5)
 
 
+def need_fails(error: type[Exception]) -> Any:
+    """A Recorder class whose storing of the blocks-needed figure raises ``error``: the
+    hook's own work fails while it is armed on vLLM's coordinator. (The probe is imported
+    here, not above: this module's baseline runs in a process that never imports it.)"""
+    from kvscope_probe.recorder import Recorder
+
+    class NeedFails(Recorder):
+        @property
+        def need(self) -> Any:
+            return None
+
+        @need.setter
+        def need(self, value: Any) -> None:
+            if value is not None:
+                raise error("need")
+
+    return NeedFails
+
+
 def config(layout: str) -> TwinConfig:
     return TwinConfig(num_blocks=96, layout=layout)  # type: ignore[arg-type]
 

@@ -17,7 +17,7 @@ import pytest
 
 from kvscope_probe import guard, plugin
 from kvscope_probe.recorder import Recorder
-from tests.twin.probe_trail import config, trail
+from tests.twin.probe_trail import config, need_fails, trail
 
 pytestmark = pytest.mark.twin
 
@@ -110,18 +110,7 @@ def test_a_fault_in_each_hook_part_changes_nothing_vllm_decides(
 
 
 def test_a_fault_in_the_blocks_needed_hook_changes_nothing(baseline: dict[str, Any]) -> None:
-    class NeedFails(Recorder):
-        """The per-instance hook's own work (storing the need) raises."""
-
-        @property
-        def need(self) -> Any:
-            return None
-
-        @need.setter
-        def need(self, value: Any) -> None:
-            if value is not None:
-                raise Injected("need")
-
-    got, rec = probed_trail(NeedFails)
+    # The per-instance hook's own work (storing the need) raises.
+    got, rec = probed_trail(need_fails(Injected))
     assert got == baseline
     assert rec.faults > 0  # the hook was armed and its faults were counted

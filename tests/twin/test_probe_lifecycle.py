@@ -13,6 +13,7 @@ import pytest
 from kvscope.twin import TwinConfig, WorkloadSpec, generate
 from kvscope_probe import plugin, recorder
 from kvscope_probe.recorder import Recorder
+from tests.twin.probe_trail import need_fails
 
 pytestmark = pytest.mark.twin
 
@@ -59,18 +60,9 @@ def test_three_schedulers_in_turn_leave_one_sender_and_no_pinned_pool(
 
 def test_switched_off_removes_the_blocks_needed_hook_and_every_hook_goes_inert(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    class NeedFails(Recorder):
-        """The blocks-needed hook's own work raises, so the switch-off comes while it is
-        installed on vLLM's coordinator."""
-
-        @property
-        def need(self) -> Any:
-            return None
-
-        @need.setter
-        def need(self, value: Any) -> None:
-            if value is not None:
-                raise RuntimeError("need")
+    # The blocks-needed hook's own work raises, so the switch-off comes while it is
+    # installed on vLLM's coordinator.
+    NeedFails = need_fails(RuntimeError)  # noqa: N806 - a class
 
     monkeypatch.setattr(recorder, "MAX_FAULTS", 5)
     assert plugin.enable(None)
