@@ -156,6 +156,18 @@ SIDECAR_METRICS: tuple[Declared, ...] = (
     Declared("kvscope_ledger_gaps", COUNTER, ENGINE, "Gaps in the probe's record sequence."),
     Declared("kvscope_ledger_mismatches", COUNTER, ENGINE,
              "Self-checks (keyframes, free counts) the ledger failed."),
+    Declared("kvscope_audit_blocks", COUNTER, ENGINE,
+             "Blocks of vLLM's own pool (BlockPool.blocks) compared with the ledger: a slice "
+             "after every step, every block once per 1,024 steps."),
+    Declared("kvscope_audit_tables", COUNTER, ENGINE,
+             "Running requests' block tables read from vLLM's manager and compared with the "
+             "ledger (one a step, in turn)."),
+    Declared("kvscope_audit_mismatches", COUNTER, (*ENGINE, "kind"),
+             "What the audit found different from vLLM's pool: blocks whose ledger state differs "
+             "(block_state), request tables that differ (request_table), blocks the probe's own "
+             "mirror had wrong (probe_mirror). 0 while kvscope's figures are exact."),
+    Declared("kvscope_audit_pass_seconds", GAUGE, ENGINE,
+             "Time the last whole pass of the audit over the pool took (absent before the first)."),
     Declared("kvscope_probe_frames_received", COUNTER, (), "Probe frames accepted."),
     Declared("kvscope_probe_records_received", COUNTER, (), "Probe records accepted."),
     Declared("kvscope_probe_frames_rejected", COUNTER, ("reason",),

@@ -113,6 +113,10 @@ class Recorder(PoolMirror):
         self.pushed_bytes += len(data)
         self.ring.append((seq, data))
 
+    def ring_full(self) -> bool:
+        return (len(self.ring) >= self.ring_size
+                or self.pushed_bytes - self.popped_bytes >= self.ring_bytes)
+
     def watch_need(self, free_blocks: int) -> None:
         """Watch ``KVCacheCoordinator.get_num_blocks_to_allocate`` on this coordinator only
         while an allocation could fail (``free_blocks <= arm_below``).
@@ -246,13 +250,16 @@ class Recorder(PoolMirror):
         waiting = len(sched.waiting)
         if self.kv_holding is not None:
             waiting += len(self.kv_holding)
+        audit = self.audit(sched.running, self.mgr.get_block_ids)
+        if audit.mirror_fixed:  # the sidecar's ledger may hold the same error: resend
+            self.want_keyframe = True
         self.push(wire.Step(
             _wall(), ops, new, nst, c.req_ids, c.num_computed_tokens,
             list(compress(c.req_ids, nb)), list(filter(None, nb)), c.resumed_req_ids,
             nulled, moved, out.finished_req_ids, out.preempted_req_ids, pre, arrivals, ends,
             out.total_num_scheduled_tokens, sched.max_num_scheduled_tokens,
             len(sched.running), waiting, head[0], head[1], free, schedule_ns,
-            self.last_probe_ns, rolled,
+            self.last_probe_ns, rolled, audit,
         ))
         if self.repair_at is not None:
             self.repair_slice()
@@ -287,8 +294,8 @@ class Recorder(PoolMirror):
     def keyframe(self, t_now: int) -> None:
         """Copy the mirror (no pool scan) plus the running requests' block tables; while
         a repair is under way, only ask for one when it completes."""
-        if self.repair_at is not None:
-            self.want_keyframe = True
+        if self.repair_at is not None or self.ring_full():
+            self.want_keyframe = True  # built once there is room: a full ring drops it
             return
         self.settle()
         self.want_keyframe = False

@@ -151,6 +151,23 @@ class Nulled(msgspec.Struct, array_like=True, frozen=True):
     block_ids: list[int]
 
 
+class Audit(msgspec.Struct, array_like=True, frozen=True):
+    """One slice of vLLM's own pool, read after a step, to check the sidecar's ledger
+    against vLLM rather than against the probe's mirror (``PoolMirror.audit``)."""
+
+    lo: int
+    """First block of the slice..."""
+    states: bytes
+    """... and the state of each of its blocks read from vLLM's ``BlockPool.blocks``
+    (``ref_cnt``, the prefix-cache hash, the null flag), one STATE_* byte each."""
+    mirror_fixed: int
+    """Blocks of this slice the probe's own mirror had wrong (set right from vLLM's)."""
+    req_id: str
+    """A running request whose block table follows ("" when none runs)..."""
+    table: list[list[int]]
+    """... as vLLM's manager holds it, one list per KV group (``get_block_ids``)."""
+
+
 class Step(msgspec.Struct, tag="step", array_like=True, frozen=True):
     """One ``Scheduler.schedule()`` call and what happened since the previous one.
 
@@ -210,6 +227,8 @@ class Step(msgspec.Struct, tag="step", array_like=True, frozen=True):
     in one of the last two steps: vLLM lowers a request's count when it rejects drafts
     (``update_from_output``, after the step was recorded), and one that is not scheduled
     again would otherwise keep the count from before the rejection."""
+    audit: Audit | None = None
+    """A slice of vLLM's pool and one request's table, read after this step."""
 
 
 class Keyframe(msgspec.Struct, tag="keyframe", array_like=True, frozen=True):

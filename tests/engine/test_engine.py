@@ -40,6 +40,14 @@ def sample(text: str, name: str, labels: dict[str, str] | None = None) -> float:
     return float(found[0])
 
 
+def assert_audit_clean(text: str, labels: dict[str, str]) -> None:
+    """The audit compared vLLM's own pool with the ledger and found nothing different,
+    for each of its kinds, exactly 0."""
+    assert sample(text, "kvscope_audit_blocks_total", labels) > 0
+    for kind in ("block_state", "request_table", "probe_mirror"):
+        assert sample(text, "kvscope_audit_mismatches_total", {**labels, "kind": kind}) == 0
+
+
 def get_text(url: str) -> str:
     response = httpx.get(url, timeout=5.0, trust_env=False)
     response.raise_for_status()
@@ -194,6 +202,7 @@ def test_counts_reconcile_with_vllm_after_a_mixed_load(
     assert sample(side_text, "kvscope_probe_faults_total", ENGINE) == 0
     assert sample(side_text, "kvscope_ledger_synced", ENGINE) == 1
     assert sample(side_text, "kvscope_ledger_mismatches_total", ENGINE) == 0
+    assert_audit_clean(side_text, ENGINE)
     # Every request kvscope saw arrive (the first_engine one and the load) also ended.
     arrived = sample(side_text, "vllm_scheduler_requests_arrived_total", ENGINE)
     ended = sample(side_text, "vllm_scheduler_requests_ended_total",
@@ -299,6 +308,7 @@ def test_vllm_serves_without_a_sidecar_and_the_probe_reconnects(
     _vllm_text, side_text = wait_until_quiet(engine_stack)
     assert sample(side_text, "kvscope_ledger_synced", ENGINE) == 1
     assert sample(side_text, "kvscope_ledger_mismatches_total", ENGINE) == 0
+    assert_audit_clean(side_text, ENGINE)
     assert sample(side_text, "kvscope_reconciliation_free_blocks_diff", ENGINE) == 0
     assert sample(side_text, "vllm_scheduler_free_blocks", ENGINE) == engine_stack.num_blocks - 1
     assert sample(side_text, "kvscope_probe_faults_total", ENGINE) == 0

@@ -25,6 +25,7 @@ from tests.engine.conftest import EngineStack, SidecarProcess, running_stack
 from tests.engine.test_engine import (
     ENGINE,
     REASONS,
+    assert_audit_clean,
     sample,
     wait_for_synced_engine,
     wait_until_quiet,
@@ -95,5 +96,6 @@ def test_two_kv_groups_and_exact_counts_under_a_priority_load(
     assert by_reason["unknown"] == 0
     assert side_free == vllm_free
     assert mismatches == 0
+    assert_audit_clean(side_text, ENGINE)  # hybrid: vLLM's pool, sliding-window nulls too
     assert sample(side_text, "kvscope_ledger_synced", ENGINE) == 1
 

@@ -21,7 +21,13 @@ import pytest
 from kvscope.load.mix import LoadSpec, run_load_sync
 from kvscope.localvllm.server import HOST, ServerSpec, VllmServer, free_port
 from tests.engine.conftest import EngineStack, SidecarProcess, running_stack
-from tests.engine.test_engine import ENGINE, REASONS, sample, wait_until_quiet
+from tests.engine.test_engine import (
+    ENGINE,
+    REASONS,
+    assert_audit_clean,
+    sample,
+    wait_until_quiet,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -58,6 +64,7 @@ def test_ledger_stays_exact_with_the_model_runner_in_the_engine_process(
                       {**ENGINE, "reason": r}) for r in REASONS)
     assert vllm_pre > 0 and ours == vllm_pre
     assert sample(side_text, "kvscope_ledger_mismatches_total", ENGINE) == 0
+    assert_audit_clean(side_text, ENGINE)
     assert sample(side_text, "kvscope_ledger_synced", ENGINE) == 1
     free = sample(side_text, "vllm_scheduler_free_blocks", ENGINE)
     usage = sample(vllm_text, "vllm:kv_cache_usage_perc", ENGINE)

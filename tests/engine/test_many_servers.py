@@ -154,6 +154,8 @@ def test_per_engine_counts_equal_each_servers_own(two: Two) -> None:
     engines = two.engines()
     assert all(e["ledger_mismatches"] == 0 and e["probe_records_dropped"] == 0
                for e in engines.values())
+    assert all(e["audit_blocks"] > 0 and not any(e["audit_mismatches"].values())
+               for e in engines.values())
 
 
 def dump_keys(url: str, pid: int) -> list[str]:

@@ -40,6 +40,7 @@ from tests.engine.conftest import EngineStack, SidecarProcess, running_stack
 from tests.engine.test_engine import (
     ENGINE,
     REASONS,
+    assert_audit_clean,
     engine_summary,
     get_text,
     sample,
@@ -208,6 +209,7 @@ def test_vllm_records_with_the_probe_from_the_target_dir(
     assert sample(side_text, "kvscope_ledger_gaps_total", ENGINE) == 0
     assert sample(side_text, "kvscope_probe_faults_total", ENGINE) == 0
     assert sample(side_text, "kvscope_ledger_mismatches_total", ENGINE) == 0
+    assert_audit_clean(side_text, ENGINE)
     assert sample(side_text, "vllm_scheduler_requests_arrived_total", ENGINE) == 1 + 40
     assert steps > 0 and sum(by_reason.values()) == vllm_preemptions > 0
     assert sample(side_text, "kvscope_reconciliation_preemptions_diff", ENGINE) == 0

@@ -29,6 +29,18 @@ def pool_truth(pool: Any) -> tuple[set[int], set[int]]:
     return free, cached
 
 
+def truth_states(pool: Any) -> bytes:
+    """One STATE_* byte per block, by a full scan of vLLM's pool."""
+    free, cached = pool_truth(pool)
+    out = bytearray([wire.STATE_USED]) * len(pool.blocks)
+    for i in free:
+        out[i] = wire.STATE_CACHED if i in cached else wire.STATE_FREE
+    for b in pool.blocks:
+        if b.is_null:
+            out[b.block_id] = wire.STATE_NULL
+    return bytes(out)
+
+
 def max_run(ids: set[int]) -> int:
     best = run = 0
     prev = None
@@ -127,6 +139,9 @@ class PoolCheck:
                     f"pool {len(free)}/{len(cached)}")
         if led.max_contiguous_free() != max_run(free):
             return f"max contiguous free: ledger {led.max_contiguous_free()}, pool {max_run(free)}"
+        audit = self.probed.state.audit
+        if any(audit.mismatches.values()):
+            return f"the audit found vLLM's pool different: {audit.mismatches}"
         return self._tables_difference(led) or figures_difference(led, self.sched, free)
 
     def _tables_difference(self, led: Any) -> str | None:

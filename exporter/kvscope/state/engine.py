@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kvscope.state import audit
 from kvscope.state.ledger import Ledger
 from kvscope_probe import wire
 from kvscope_probe.identity import engine_key
@@ -90,6 +91,8 @@ class EngineState:
         """Unique name of this engine in the sidecar (set by kvscope.state.hub)."""
         self.ledger = Ledger(hello.num_blocks, [g.block_size for g in hello.kv_groups])
         self.counters = Counters()
+        self.audit = audit.AuditCounts()
+        """The ledger compared with vLLM's own pool (``kvscope.state.audit``)."""
         self.extremes = Extremes()
         self.listeners = listeners if listeners is not None else []
         self.next_seq = 0
@@ -180,6 +183,8 @@ class EngineState:
 
         if led.synced and led.free != s.free_blocks:
             c.ledger_mismatches += 1
+            led.synced = False
+        if s.audit is not None and audit.check(self.audit, led, s.audit):
             led.synced = False
         self.last_step = s
         now = time.monotonic()

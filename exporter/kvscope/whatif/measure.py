@@ -57,7 +57,8 @@ class Measurement:
     records: list[dict[str, Any]] = field(default_factory=list, repr=False, compare=False)
     """Per-request outcome records of the run (``kvscope.whatif.recorded``), arrival order."""
     faults: int = 0
-    """Ledger gaps and mismatches, probe faults, steps the sidecar missed: must be 0."""
+    """Ledger gaps and mismatches, audit mismatches with vLLM's pool, probe faults,
+    steps the sidecar missed: must be 0."""
     wall_seconds: float = 0.0
     """Building the scheduler and running the workload; varies run to run."""
 
@@ -146,6 +147,7 @@ def measure(
         mean_budget_utilization=ex.util_sum / ex.util_steps if ex.util_steps else 0.0,
         mean_blocks_per_request=sum(blocks_held) / len(blocks_held) if blocks_held else 0.0,
         records=outcome_records(rows),
-        faults=c.gaps + c.ledger_mismatches + rec.faults + (result.steps != c.steps),
+        faults=(c.gaps + c.ledger_mismatches + rec.faults + (result.steps != c.steps)
+                + sum(st.audit.mismatches.values())),
         wall_seconds=time.perf_counter() - started,
     )

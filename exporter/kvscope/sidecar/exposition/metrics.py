@@ -192,6 +192,14 @@ class KVScopeCollector:
         f.c("kvscope_engine_schedule_seconds").add_metric(lv, c.schedule_seconds)
         f.c("kvscope_ledger_gaps").add_metric(lv, c.gaps)
         f.c("kvscope_ledger_mismatches").add_metric(lv, c.ledger_mismatches)
+        au = st.audit
+        f.c("kvscope_audit_blocks").add_metric(lv, au.blocks)
+        f.c("kvscope_audit_tables").add_metric(lv, au.tables)
+        mis = f.c("kvscope_audit_mismatches", [*EL, "kind"])
+        for kind, n in au.mismatches.items():
+            mis.add_metric([*lv, kind], n)
+        if au.pass_seconds is not None:
+            f.g("kvscope_audit_pass_seconds").add_metric(lv, au.pass_seconds)
 
     def _hub(self, f: Families) -> None:
         hub = self.hub

@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvscope.sidecar.exposition.metrics import RUN_BUCKETS
 from kvscope.sidecar.ingest.auth import REASONS as REFUSALS
+from kvscope.state.audit import KINDS as AUDIT_KINDS
 from kvscope.state.presence import STATES
 from kvscope_probe import wire
 
@@ -39,6 +40,8 @@ class EngineShape:
     end_statuses: int = 1
     reconciled: bool = False
     """The sidecar scrapes this engine's vLLM /metrics (--vllm-url): two diff gauges."""
+    audit_passed: bool = True
+    """The audit has covered the pool once (1,024 steps at most): its pass time."""
 
 
 def engine_series(shape: EngineShape) -> Counter[str]:
@@ -60,7 +63,8 @@ def engine_series(shape: EngineShape) -> Counter[str]:
         "kvscope_probe_records_dropped_total", "kvscope_probe_faults_total",
         "kvscope_probe_ring_bytes", "kvscope_probe_ring_limit_bytes",
         "kvscope_engine_schedule_seconds_total", "kvscope_ledger_gaps_total",
-        "kvscope_ledger_mismatches_total",
+        "kvscope_ledger_mismatches_total", "kvscope_audit_blocks_total",
+        "kvscope_audit_tables_total",
     ]
     c = Counter(one)
     c["vllm_scheduler_preempted_requests_total"] = len(wire.REASONS)
@@ -70,6 +74,9 @@ def engine_series(shape: EngineShape) -> Counter[str]:
     c["vllm_scheduler_kv_group_request_blocks"] = shape.kv_groups
     c["kvscope_probe_state"] = len(STATES)
     c["kvscope_probe_overhead_seconds_total"] = OVERHEAD_THREADS
+    c["kvscope_audit_mismatches_total"] = len(AUDIT_KINDS)
+    if shape.audit_passed:
+        c["kvscope_audit_pass_seconds"] = 1
     if shape.reconciled:
         c["kvscope_reconciliation_preemptions_diff"] = 1
         c["kvscope_reconciliation_free_blocks_diff"] = 1

@@ -59,6 +59,10 @@ def engine_summary(st: EngineState, hub: Hub) -> dict[str, Any]:
         "probe_faults": st.probe_faults,
         "ledger_gaps": c.gaps,
         "ledger_mismatches": c.ledger_mismatches,
+        "audit_blocks": st.audit.blocks,
+        "audit_tables": st.audit.tables,
+        "audit_mismatches": dict(st.audit.mismatches),
+        "audit_pass_seconds": st.audit.pass_seconds,
         "mean_budget_utilization": ex.util_sum / ex.util_steps if ex.util_steps else None,
         "mean_budget_utilization_when_no_free_blocks": (
             ex.util_at_zero_free_sum / ex.util_at_zero_free_steps
