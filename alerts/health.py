@@ -139,6 +139,19 @@ def ledger_alerts(cfg: Config) -> list[Rule]:
             "until the next keyframe; without dropped records it is a kvscope bug.",
             dashboard=cfg.dashboards.blocks,
         ),
+        alert(
+            cfg,
+            "KVScopeAuditMismatch",
+            f"{q.increase('kvscope_audit_mismatches_total', cfg.probe_problem_window)} > 0",
+            severity="warning",
+            summary="kvscope's figures for a KV block pool differ from vLLM's own pool.",
+            description=f"{LEDGER} differed from vLLM's own BlockPool in "
+            f"{{{{ $value | humanize }}}} audited block(s) or table(s) in the last "
+            f"{cfg.probe_problem_window}. The audit reads vLLM's blocks, not the probe's copy: "
+            "this vLLM changes its pool in a way the probe does not follow, so this engine's "
+            "block figures are not exact until it stops.",
+            dashboard=cfg.dashboards.blocks,
+        ),
     ]
 
 

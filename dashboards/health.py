@@ -34,11 +34,13 @@ def probe_health(cfg: Config) -> list[p.Panel]:
                 p.prom(rate(cfg, "kvscope_probe_frames_rejected_total", "reason", engine=False),
                        "rejected {{reason}}"),
                 unit="ops"),
-        p.graph("Ledger gaps, mismatches, probe faults",
+        p.graph("Ledger gaps, mismatches, audit, probe faults",
                 "Should stay 0: gaps in the record sequence, failed self-checks of the "
-                "ledger, errors the probe contained inside vLLM.",
+                "ledger, blocks or tables that differed from vLLM's own pool when the audit "
+                "read it, errors the probe contained inside vLLM.",
                 p.prom(increase(cfg, "kvscope_ledger_gaps_total"), ID + " gaps"),
                 p.prom(increase(cfg, "kvscope_ledger_mismatches_total"), ID + " mismatches"),
+                p.prom(increase(cfg, "kvscope_audit_mismatches_total"), ID + " audit"),
                 p.prom(increase(cfg, "kvscope_probe_faults_total"), ID + " faults")),
     ]
 

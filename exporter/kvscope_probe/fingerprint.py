@@ -45,6 +45,7 @@ METHODS: dict[str, tuple[tuple[str, str, tuple[tuple[int, str], ...]], ...]] = {
                 (POOL, "reset_prefix_cache", ())),
     "need": ((COORD, "get_num_blocks_to_allocate", ((1, "request_id"),)),),
     "null_tables": ((MANAGER, "_remove_blocks_in_range", ((1, "request_id"),)),),
+    "shutdown": ((SCHED, "shutdown", ()),),
 }
 FIELDS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
     "core": ((BLOCK, ("block_id", "ref_cnt", "is_null", "pool")),),
@@ -56,7 +57,7 @@ INSTANCE = {"core": "requests", "kv_holding": "kv_holding_waiting"}
 """Scheduler attributes vLLM's ``__init__`` sets, checked on the scheduler at attach."""
 
 FEATURES = ("core", "arrivals", "ends", "uncache", "need", "null_tables", "relocate",
-            "hash_field", "kv_holding")
+            "hash_field", "kv_holding", "shutdown")
 """Every feature, in the order the sidecar exports them."""
 
 _POK = (inspect.Parameter.POSITIONAL_OR_KEYWORD,)

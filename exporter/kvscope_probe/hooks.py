@@ -7,7 +7,8 @@ re-raises. A class attribute
 ``_kvscope = None`` makes the "not recording" path a plain attribute read.
 
 Observed:
-- ``Scheduler.__init__`` (attach at once), ``schedule`` (per-step record),
+- ``Scheduler.__init__`` (attach at once), ``schedule`` (per-step record), ``shutdown``
+  (the sender flushes and ends: vLLM's ``EngineCore.shutdown`` calls it),
   ``_preempt_request`` (facts before the
   blocks are freed), ``add_request`` (arrival), ``_free_request`` (finish / abort);
 - ``BlockPool.get_new_blocks``, ``touch``, ``free_blocks``, ``unpin_blocks``: the only
@@ -57,7 +58,7 @@ REQUIRED = {
     ),
 }
 OPTIONAL = {
-    "vllm.v1.core.sched.scheduler:Scheduler": ("add_request", "_free_request"),
+    "vllm.v1.core.sched.scheduler:Scheduler": ("add_request", "_free_request", "shutdown"),
     "vllm.v1.core.block_pool:BlockPool": ("evict_blocks", "reset_prefix_cache"),
     "vllm.v1.core.kv_cache_coordinator:KVCacheCoordinator": ("get_num_blocks_to_allocate",),
     "vllm.v1.core.single_type_kv_cache_manager:SingleTypeKVCacheManager": (
@@ -132,6 +133,10 @@ def _scheduler_hooks(cls: Any, attach: Callable[[Any], Recorder | None],
     if "ends" not in off and callable(getattr(cls, "_free_request", None)):
         guard.install(cls, "_free_request", name="Scheduler._free_request",
                       before=lambda rec, a, k: rec.on_end(guard.arg(a, k, 1, "request")))
+    if "shutdown" not in off and callable(getattr(cls, "shutdown", None)):
+        # vLLM's EngineCore.shutdown() calls it: the sender flushes and ends with it
+        guard.install(cls, "shutdown", name="Scheduler.shutdown",
+                      after=lambda rec, a, k, ret, st: rec.close(), timed=False)
     if "arrivals" not in off and callable(getattr(cls, "add_request", None)):
         def known(rec: Recorder, a: Any, k: Any) -> bool:
             return guard.arg(a, k, 1, "request").request_id in a[0].requests

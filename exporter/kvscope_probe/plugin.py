@@ -89,8 +89,10 @@ def attach(sched: Any) -> Any:
                 hwm=_int_env("KVSCOPE_PROBE_HWM", DEFAULT_HWM),
                 flush_s=_float_env("KVSCOPE_PROBE_FLUSH_S", FLUSH_INTERVAL_S, 0.01, 1.0),
             )
+            rec.stop = sender.stop_event
             sender.start()
             _senders.append(sender)
+            _exit_flush_once()
             bind(sched, rec)
         except Exception as exc:  # noqa: BLE001
             log.warning("kvscope probe: not recording this scheduler: %r", exc)
@@ -183,9 +185,29 @@ def enable(endpoint: str | None) -> bool:
 
 
 def stop_all(timeout_s: float = 5.0) -> None:
-    """Flush and stop every sender of this process (tests, the twin at exit). A sender
-    flushes for at most about 2 s, then counts what it could not send as dropped."""
-    for s in list(_senders):
+    """Flush and stop every sender of this process (tests, the twin at exit, interpreter
+    exit), waiting at most ``timeout_s`` in all. A sender flushes for at most about 2 s,
+    then counts what it could not send as dropped."""
+    senders = list(_senders)
+    for s in senders:
         s.stop_event.set()
-        s.join(timeout_s)
+    deadline = time.monotonic() + timeout_s
+    for s in senders:
+        if s.ident is not None:
+            s.join(max(0.0, deadline - time.monotonic()))
     _senders.clear()
+
+
+EXIT_FLUSH_S = 1.0
+"""At interpreter exit, how long the senders may take, in all, to send what their rings
+still hold (they are daemon threads: without this the last records would be lost)."""
+_exit_hooked = False
+
+
+def _exit_flush_once() -> None:
+    global _exit_hooked
+    if not _exit_hooked:
+        _exit_hooked = True
+        import atexit
+
+        atexit.register(stop_all, EXIT_FLUSH_S)

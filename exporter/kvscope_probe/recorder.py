@@ -63,6 +63,9 @@ class Recorder(PoolMirror):
         if "hash_field" in self.disabled:
             self.sort_freed = _sort_freed
         self.enabled = True
+        self.stop: Any = None
+        """The sender's stop event (``plugin.attach``): set when vLLM shuts this
+        scheduler down."""
         self.ring: deque[tuple[int, bytes]] = deque()
         """(sequence number, the record encoded)."""
         self.ring_size = ring_size
@@ -149,6 +152,15 @@ class Recorder(PoolMirror):
             except Exception:  # noqa: BLE001
                 pass
             log.warning("kvscope probe: %d contained errors, recording switched off", self.faults)
+
+    def close(self) -> None:
+        """vLLM shut this scheduler down: every hook passes through from now on, and the
+        sender flushes what the ring holds (at most ~2 s, on its own thread) and ends."""
+        self.enabled = False
+        if self.need_armed:
+            arm(self, False)
+        if self.stop is not None:
+            self.stop.set()
 
     # -- scheduler ------------------------------------------------------------------
     def on_arrival(self, req: Any) -> None:

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import httpx
+import msgspec
 import numpy as np
 import pytest
 from PIL import Image
@@ -130,3 +131,30 @@ def test_dump_of_the_busy_twin_validates_and_draws(serve: Any) -> None:
     img = Image.open(png)
     assert img.size == layout_png.png_size(body)
     print(f"\nlayout dump: {out} and {png}")
+
+
+def test_the_probe_banner_says_what_is_not_recorded_or_not_exact(serve: Any, page: Any) -> None:
+    """A healthy engine shows no probe banner; a feature the fingerprint switched off, a
+    probe switched off by its faults, and an audit mismatch each get their sentence."""
+    srv = serve(None)
+    st = next(iter(srv.hub.engines.values()))
+    hello, faults, mismatches = st.hello, st.probe_faults, dict(st.audit.mismatches)
+    open_ui(page, f"{srv.url}/ui")
+    assert page.locator("#probe-banner").is_hidden()
+    try:
+        st.hello = msgspec.structs.replace(hello, disabled={
+            "arrivals": "Scheduler.add_request lacks parameter request",
+            "hash_field": "only a faster read"})
+        st.probe_faults = 1000
+        st.audit.mismatches["block_state"] = 3
+        banner = page.locator("#probe-banner")
+        banner.wait_for(state="visible", timeout=3000)
+        text = banner.inner_text()
+        assert "switched itself off after 1,000 contained errors" in text
+        assert "arrivals (Scheduler.add_request lacks parameter request)" in text
+        assert "hash_field" not in text
+        assert "The audit found 3 block(s) or table(s) different from vLLM's own pool" in text
+    finally:
+        st.hello, st.probe_faults = hello, faults
+        st.audit.mismatches.update(mismatches)
+    page.locator("#probe-banner").wait_for(state="hidden", timeout=3000)

@@ -45,6 +45,8 @@ QUIET = {
     "KVScopeProbeFaults[warning]": "the probe raises nothing inside vLLM's scheduler",
     "KVScopeLedgerStale[warning]": "no record is lost, so the ledger never goes stale",
     "KVScopeLedgerMismatch[warning]": "the ledger equals vLLM's pool at every step",
+    "KVScopeAuditMismatch[warning]": "the audit reads vLLM's own pool and finds the ledger "
+    "equal to it",
     "KVScopeSinkWriteErrors[warning]": "the embedded chDB store accepts every batch",
     "KVScopeSinkSpoolGrowing[warning]": "nothing is spooled while the store accepts batches",
     "KVScopeRequestNeverFits[critical]": "every request fits the pool: vLLM (and the twin) "

@@ -61,9 +61,11 @@ def trail(twin: Any) -> dict[str, Any]:
     pool.evict_blocks(set(range(0, len(pool.blocks), 2)))
     evicted_free = pool.get_num_free_blocks()
     reset = twin.scheduler.reset_prefix_cache()
+    after_reset_free = pool.get_num_free_blocks()
+    shutdown = twin.scheduler.shutdown()  # as vLLM's EngineCore.shutdown() ends it
     data = {"steps": steps, "finished": result.finished, "preemptions": result.preemptions,
             "scheduled_tokens": result.scheduled_tokens, "after_evict_free": evicted_free,
-            "reset": reset, "after_reset_free": pool.get_num_free_blocks()}
+            "reset": reset, "after_reset_free": after_reset_free, "shutdown": shutdown}
     return json.loads(json.dumps(data))  # in-process and printed trails compare alike
 
 

@@ -75,3 +75,74 @@ def test_switched_off_removes_the_blocks_needed_hook_and_every_hook_goes_inert(
     assert rec.faults == 5  # nothing ran after the switch-off
     coord = rec.mgr.coordinator
     assert "get_num_blocks_to_allocate" not in coord.__dict__ and not rec.need_armed
+
+
+def test_vllms_shutdown_ends_the_sender_and_every_hook_passes_through(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """EngineCore.shutdown() calls Scheduler.shutdown(): from then on the probe records
+    nothing, and its sender flushes and ends without waiting for the collector."""
+    plugin.stop_all()
+    monkeypatch.setenv(plugin.ENV_ENDPOINT, f"ipc://{tmp_path}/nobody.sock")
+    monkeypatch.setenv("KVSCOPE_PROBE_FLUSH_S", "0.02")
+    plugin.register()
+    try:
+        twin = Twin(TwinConfig(num_blocks=48), seed=3)
+        rec = twin.scheduler._kvscope
+        assert isinstance(rec, Recorder) and rec.enabled
+        twin.run(generate(WorkloadSpec(n_requests=4, seed=1)))
+        mine = [s for s in plugin._senders if s._rec() is rec]
+        assert len(mine) == 1 and mine[0].is_alive()
+        assert twin.scheduler.shutdown() is None  # vLLM's own method ran, its result kept
+        assert not rec.enabled and mine[0].stop_event.is_set()
+        mine[0].join(5.0)  # the flush is bounded at ~2 s (nobody reads this socket)
+        assert not mine[0].is_alive()
+        seq = rec.seq
+        twin.run(generate(WorkloadSpec(n_requests=2, seed=2)))  # a scheduler used after it
+        assert rec.seq == seq  # nothing recorded
+    finally:
+        plugin.stop_all()
+        plugin.enable(None)
+
+
+EXITING = """
+import sys
+from kvscope.twin import TwinConfig, WorkloadSpec, generate
+from kvscope.twin.engine import Twin
+from kvscope_probe import plugin
+plugin.register()
+twin = Twin(TwinConfig(num_blocks=48), seed=3)
+twin.run(generate(WorkloadSpec(n_requests=12, seed=1)))
+print(twin.scheduler._kvscope.seq, flush=True)
+"""
+
+
+def test_interpreter_exit_flushes_what_the_ring_holds(tmp_path: Any) -> None:
+    """A process that exits without stopping the probe (as vLLM's engine core may): the
+    sender's wakeup is 1 s apart, so most records are still in the ring at exit; the
+    exit hook sends every one of them (each sequence number arrives exactly once)."""
+    import os
+    import subprocess
+    import sys
+
+    import zmq
+
+    from kvscope_probe import wire
+
+    endpoint = f"ipc://{tmp_path}/probe.sock"
+    pull = zmq.Context.instance().socket(zmq.PULL)
+    pull.bind(endpoint)
+    env = {**os.environ, plugin.ENV_ENDPOINT: endpoint, "KVSCOPE_PROBE_FLUSH_S": "1.0"}
+    try:
+        out = subprocess.run([sys.executable, "-c", EXITING], env=env, capture_output=True,
+                             text=True, timeout=120, check=True)
+        recorded = int(out.stdout.split()[-1])
+        seqs: list[int] = []
+        while pull.poll(1000):
+            frame = wire.decode(pull.recv_multipart())
+            if frame.records and not isinstance(frame.records[0], wire.Heartbeat):
+                seqs += range(frame.first_seq, frame.first_seq + len(frame.records))
+            assert frame.dropped == 0
+    finally:
+        pull.close(0)
+    assert recorded > 50  # steps, the hello and keyframes
+    assert sorted(seqs) == list(range(recorded))

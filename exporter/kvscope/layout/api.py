@@ -24,6 +24,7 @@ from kvscope.state.capacity import head_fit
 from kvscope.state.engine import EngineState
 from kvscope.state.hub import Hub
 from kvscope.times import epoch_seconds
+from kvscope_probe.recorder import MAX_FAULTS
 
 MAX_RUNS = 200_000
 PREEMPTIONS_SHOWN = 12
@@ -78,6 +79,21 @@ def preemptions_json(st: EngineState) -> list[dict[str, Any]]:
     ]
 
 
+def probe_json(st: EngineState) -> dict[str, Any]:
+    """What the page's probe banner says: features this vLLM did not match the probe's
+    fingerprint for (not recorded; ``hash_field`` is only a faster read, left out), the
+    probe switched off by its own faults, the audit finding vLLM's pool different."""
+    disabled = dict(getattr(st.hello, "disabled", None) or {})
+    disabled.pop("hash_field", None)
+    return {
+        "disabled": disabled,
+        "faults": st.probe_faults,
+        "switched_off": st.probe_faults >= MAX_FAULTS,
+        "audit_mismatches": dict(st.audit.mismatches),
+        "audit_blocks": st.audit.blocks,
+    }
+
+
 def engine_layout(st: EngineState, sampler: LayoutSampler, max_runs: int,
                   history_points: int, now: float) -> dict[str, Any]:
     """One engine's entry of /api/layout; call with the hub lock held."""
@@ -113,6 +129,7 @@ def engine_layout(st: EngineState, sampler: LayoutSampler, max_runs: int,
         "preemptions_total": dict(st.counters.preemptions),
         "preemptions": preemptions_json(st),
         "waiting_head": None if fit is None else fit.as_json(),
+        "probe": probe_json(st),
     }
     return out
 
