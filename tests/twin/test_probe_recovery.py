@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 
 from kvscope.state.hub import Hub
@@ -181,7 +182,9 @@ def test_a_60_s_outage_forces_no_keyframes_and_the_sidecar_resyncs_exactly(
     assert "end" in window, steps
     snd.drain_once()
     assert rec.send_dropped > 0 and rec.faults == 0
-    assert steps["max_reads"] == 0  # a drop never makes the engine thread read the pool
+    # a drop never makes the engine thread repair from the pool (the audit's fixed slice
+    # a step, mirror.audit_blocks, is not a repair: test_probe_audit.py)
+    assert steps["max_reads"] == 0
     during = [t for t in keyframes if window["start"] <= t < window["end"]]
     # only the periodic keyframe while the sidecar is away: one per 5 s period
     assert len(during) <= outage_ns // (5 * 10**9) + 1, len(during)
@@ -190,3 +193,28 @@ def test_a_60_s_outage_forces_no_keyframes_and_the_sidecar_resyncs_exactly(
     assert steps["after"] - steps["exact_after"] <= 3, steps
     assert exact(hub, rec, pool)
     assert hub.engines[rec.hello.engine].counters.ledger_mismatches == 0
+
+
+def test_no_keyframe_is_built_while_the_ring_is_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A keyframe pushed into a full ring is dropped at once (and asks for another): it
+    waits for room instead, so a stalled sender costs no keyframe builds."""
+    twin, rec, _pool = probed(monkeypatch, keyframe_s=3600)
+    rec.ring_size = len(rec.ring)  # full: the hello and the first keyframe
+    built = {"n": 0}
+    real_settle = Recorder.settle
+
+    def settle(self: Recorder) -> None:
+        built["n"] += 1
+        real_settle(self)
+
+    dropped = rec.ring_dropped
+    rec.want_keyframe = True
+    monkeypatch.setattr(Recorder, "settle", settle)
+    for t in range(5):
+        rec.keyframe(hooks._now_ns() + t * 10**9)
+    assert built["n"] == 0 and rec.ring_dropped == dropped and rec.want_keyframe
+    seq, data = rec.ring.popleft()  # the sender takes one
+    rec.popped_bytes += len(data)
+    rec.keyframe(hooks._now_ns())
+    assert built["n"] == 1 and not rec.want_keyframe
+    assert isinstance(msgspec.msgpack.decode(rec.ring[-1][1], type=wire.Record), wire.Keyframe)
