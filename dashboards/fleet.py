@@ -110,7 +110,24 @@ def worst(cfg: Config) -> list[p.Panel]:
 
 def probes(cfg: Config) -> list[p.Panel]:
     state = cfg.m("kvscope_probe_state", 'state=~"silent|gone"')
+    # hash_field is only a faster read: nothing is lost without it (as the alert reads it)
+    disabled = cfg.m("kvscope_probe_feature_disabled", 'feature!="hash_field"')
+    audit = cfg.m("kvscope_audit_mismatches_total")
+    links = {"engine": ("Blocks overview of this engine",
+                        f"/d/{cfg.uids.blocks}?var-server=${{__data.fields.server}}"
+                        "&var-engine=${__data.fields.engine}")}
     return [
+        p.grid("Engines whose probe does not record a feature",
+               "The probe found this engine's vLLM different from its fingerprint for the "
+               "feature and does not record it (KVScopeProbeFeatureDisabled).",
+               table(f"max by (server, engine, model, feature) ({disabled}) == 1"),
+               w=12, h=8, links=links),
+        p.grid("Engines whose figures differ from vLLM's pool",
+               "Blocks or tables the audit found different from vLLM's own pool in the last "
+               "hour, by kind (KVScopeAuditMismatch): these engines' block figures are not "
+               "exact.",
+               table(f"sum by (server, engine, model, kind) (increase({audit}[1h])) > 0"),
+               w=12, h=8, links=links),
         p.graph("Engines by probe state", "active: stepping; idle: heartbeats only; silent: "
                 "nothing within the health timeout; gone: the engine process exited.",
                 p.prom("fleet_state:kvscope_probe_state:sum", "{{state}}"), stack=True),

@@ -65,6 +65,12 @@ NO_DATA = {
     "kvscope-blocks / Reconciliation with vLLM's /metrics / C": NO_VLLM,
     "kvscope-blocks / Scrapes of vLLM's /metrics / A": NO_VLLM,
     "kvscope-blocks / Scrapes of vLLM's /metrics / B": NO_VLLM,
+    "kvscope-fleet / Engines whose probe does not record a feature / A": "the twin's vLLM "
+    "matches the probe's fingerprint, so no kvscope_probe_feature_disabled series exists "
+    "(tests/twin/test_probe_fingerprint.py doctors vLLM to make one)",
+    "kvscope-fleet / Engines whose figures differ from vLLM's pool / A": "the audit finds "
+    "the ledger equal to vLLM's pool, so no increase is > 0 (tests/twin/test_probe_audit.py "
+    "doctors vLLM to make one)",
 }
 
 
