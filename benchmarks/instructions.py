@@ -58,12 +58,19 @@ QUIET_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREA
 """BLAS threads spin under valgrind (and count); one thread each."""
 
 
-def total_ir(path: Path) -> int:
-    """The ``summary:`` line of a cachegrind output file: instructions executed."""
-    for line in path.read_text().splitlines():
-        if line.startswith("summary:"):
-            return int(line.split()[1])
-    raise ValueError(f"no summary in {path}")
+def total_ir(path: Path, wait_s: float = 120.0) -> int:
+    """The ``summary:`` line of a cachegrind output file: instructions executed. A forked
+    child prints its result before it exits, and valgrind writes the file at its exit:
+    wait for the summary (up to ``wait_s``)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        text = path.read_text() if path.exists() else ""
+        for line in text.splitlines():
+            if line.startswith("summary:"):
+                return int(line.split()[1])
+        if time.monotonic() > deadline:
+            raise ValueError(f"no summary in {path} after {wait_s:.0f} s")
+        time.sleep(0.5)
 
 
 def jobs(args: argparse.Namespace, sink: str, sidecars: dict[str, str]) -> list[dict[str, Any]]:

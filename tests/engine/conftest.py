@@ -143,10 +143,10 @@ def tiny_model_dir() -> Path:
     return make_tiny_model(default_cache_dir() / "tiny-llama")
 
 
-@pytest.fixture(scope="module")
-def engine_stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+@contextlib.contextmanager
+def probed_stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
                  ) -> Iterator[EngineStack]:
-    """ONE sidecar and ONE vLLM server (with the probe) shared by a module's tests."""
+    """A sidecar and a vLLM server of the tiny model with the probe and the middleware."""
     workdir = tmp_path_factory.mktemp("engine")
     endpoint = f"ipc://{workdir}/probe.sock"
     vllm_port = free_port()
@@ -157,6 +157,7 @@ def engine_stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
                       extra_args=("--middleware", "kvscope_probe.middleware.KVScopeMiddleware"))
     with running_stack(VllmServer(spec, log_path=workdir / "vllm.log"), sidecar) as stack:
         yield stack
+
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ from kvscope.localvllm.server import HOST, ServerSpec, VllmServer, free_port
 from kvscope.models.config import default_cache_dir
 from kvscope.models.tiny import make_tiny_model
 from tests.engine.conftest import EngineStack, SidecarProcess, running_stack
-from tests.engine.test_engine import (
+from tests.engine.figures import (
     ENGINE,
     REASONS,
     assert_audit_clean,

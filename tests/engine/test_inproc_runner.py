@@ -21,7 +21,7 @@ import pytest
 from kvscope.load.mix import LoadSpec, run_load_sync
 from kvscope.localvllm.server import HOST, ServerSpec, VllmServer, free_port
 from tests.engine.conftest import EngineStack, SidecarProcess, running_stack
-from tests.engine.test_engine import (
+from tests.engine.figures import (
     ENGINE,
     REASONS,
     assert_audit_clean,

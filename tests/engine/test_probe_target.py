@@ -37,7 +37,7 @@ from kvscope.localvllm.server import HOST, ServerSpec, VllmServer, free_port, li
 from kvscope.state.clients import caller_id
 from kvscope_probe.middleware import request_key
 from tests.engine.conftest import EngineStack, SidecarProcess, running_stack
-from tests.engine.test_engine import (
+from tests.engine.figures import (
     ENGINE,
     REASONS,
     assert_audit_clean,

@@ -216,6 +216,7 @@ def assert_store_rows(stored: dict[str, int], shown: int) -> None:
     assert all(stored[t] > 0 for t in TABLES), stored
 
 
+@pytest.mark.once
 def test_demo_every_layer_produced_data(tmp_path: Path) -> None:
     demo = Demo(tmp_path, *FAST, "--duration", "600")
     try:
@@ -239,6 +240,7 @@ def test_demo_every_layer_produced_data(tmp_path: Path) -> None:
     assert_store_rows(stored_rows(demo.data / "chdb"), shown)
 
 
+@pytest.mark.once
 def test_ctrl_c_mid_run_stops_everything(tmp_path: Path) -> None:
     demo = Demo(tmp_path, "--step-ms", "10", "--requests", "200")
     try:

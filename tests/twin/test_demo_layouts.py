@@ -24,6 +24,7 @@ pytestmark = pytest.mark.twin
 REQUESTS = 60
 
 
+@pytest.mark.once
 def test_demo_on_a_hybrid_layout_with_async_scheduling(tmp_path: Path) -> None:
     demo = Demo(tmp_path, "--step-ms", "4", "--requests", str(REQUESTS), "--layout",
                 "full+sliding", "--sliding-window", "64", "--async-scheduling",

@@ -117,6 +117,9 @@ def test_baseline_needs_recorded_outcomes(capsys: pytest.CaptureFixture[str],
 @pytest.mark.parametrize("cfg", [TwinConfig(), TwinConfig(layout="full+sliding",
                                                           sliding_window=64, num_blocks=96)],
                          ids=["full", "full+sliding"])
+
+
+@pytest.mark.once
 def test_safe_concurrency_is_what_the_closed_loop_runs_show(cfg: TwinConfig) -> None:
     requests = generate(SHORT)
     a = safe_concurrency(cfg, requests, seed=2)
@@ -143,6 +146,7 @@ def test_safe_concurrency_is_what_the_closed_loop_runs_show(cfg: TwinConfig) -> 
             for r in requests)
 
 
+@pytest.mark.once
 def test_safe_concurrency_stops_at_max_num_seqs(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, _ = cli(capsys, "--safe-concurrency", "--short-fraction", "1", "--max-tokens",
                      "8:16", "--requests", "12", "--waves", "1", "--max-seqs", "3",
@@ -204,6 +208,7 @@ def test_a_recorded_client_sends_at_its_first_free_step() -> None:
     assert pattern.longest_hold == 3
 
 
+@pytest.mark.once
 def test_safe_concurrency_replays_the_recorded_client(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     records = closed_loop_recording(5)

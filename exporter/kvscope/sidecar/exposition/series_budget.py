@@ -92,10 +92,10 @@ class SidecarShape:
     clients: int = 0
     """Client label values in use, ``other`` included (at most the cap + 1)."""
     agents: int = 0
-    client_families: int = 1
-    """Per-client families with a series (requests; duplicates and preemptions appear
-    once some client has one)."""
-    agent_families: int = 1
+    client_families: tuple[str, ...] = CLIENT_FAMILIES[:1]
+    """Per-client families with a series (requests from the first; duplicates and
+    preemptions once some client has one)."""
+    agent_families: tuple[str, ...] = AGENT_FAMILIES[:1]
     vllm_scrapes: bool = False
     gpus: int = 0
 
@@ -109,9 +109,9 @@ def sidecar_series(shape: SidecarShape) -> Counter[str]:
     c["kvscope_probe_frames_rejected_total"] = FRAME_REJECTIONS
     c["kvscope_probe_connections_refused_total"] = len(REFUSALS)
     c["kvscope_client_label_overflow_total"] = 2
-    for name in CLIENT_FAMILIES[:shape.client_families]:
+    for name in shape.client_families:
         c[f"kvscope_client_{name}_total"] = shape.clients
-    for name in AGENT_FAMILIES[:shape.agent_families]:
+    for name in shape.agent_families:
         c[f"kvscope_user_agent_{name}_total"] = shape.agents
     for tables in shape.sink_tables.values():
         for fam in ("rows_written_total", "rows_dropped_total"):
@@ -131,8 +131,8 @@ def ceiling(engines: int, max_clients: int, max_agents: int, sink_tables: dict[s
     """The most series one sidecar can export: every engine at its worst (all finish
     statuses, reconciled), every client family at its cap plus ``other``."""
     worst = EngineShape(kv_groups, MAX_END_STATUSES, reconciled=True)
-    side = SidecarShape(sink_tables, max_clients + 1, max_agents + 1, len(CLIENT_FAMILIES),
-                        len(AGENT_FAMILIES), vllm_scrapes=True, gpus=gpus)
+    side = SidecarShape(sink_tables, max_clients + 1, max_agents + 1, CLIENT_FAMILIES,
+                        AGENT_FAMILIES, vllm_scrapes=True, gpus=gpus)
     return engines * sum(engine_series(worst).values()) + sum(sidecar_series(side).values())
 
 

@@ -1,7 +1,9 @@
 """Capacity answers checked against the real vLLM CPU server (issue 14).
 
-One server (the shared engine settings: 48 blocks of 32 tokens, 32 seqs, 512-token
-budget) and one sidecar with its chDB store. Two loads are recorded: a mixed one (the
+The package's one server (48 blocks of 32 tokens, 32 seqs, 512-token budget) and its
+sidecar with the chDB store; this module sorts last in the package because it stops the
+sidecar. Two loads are recorded (each load's window of the store, and vLLM's counters
+read as differences, so what the package's earlier modules sent does not count): a mixed one (the
 default mix: long prompts, a shared prefix, preemptions) and a short-prompt one. The
 sidecar is then stopped and the store read with ``kvscope query replay_traffic``, as a
 user would.
@@ -45,7 +47,7 @@ from kvscope.whatif.concurrency import TRIALS
 from kvscope.whatif.measure import measure
 from kvscope.whatif.recorded import FIGURES, figures
 from kvscope.whatif.replay import load
-from tests.engine.test_engine import ENGINE, sample
+from tests.engine.figures import ENGINE, sample
 
 if TYPE_CHECKING:
     from tests.engine.conftest import EngineStack

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.engine.conftest import EngineStack
-from tests.engine.test_engine import wait_until_quiet
+from tests.engine.figures import wait_until_quiet
 
 pytestmark = pytest.mark.engine
 N, PROMPT_WORDS, MAX_TOKENS = 24, 160, 200  # 24 x ~360 tokens on a 48 x 32-token pool

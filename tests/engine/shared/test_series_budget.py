@@ -2,9 +2,10 @@
 sidecar scraping vLLM's /metrics, the one engine exports exactly ``series_budget``'s table
 for a reconciled engine, and the sidecar nothing outside its own table.
 
-The two things a run decides are read from the scrape: which finish statuses vLLM reported
-and which tables each sink wrote to; every other family's count is predicted.
-This module starts its own server (and sidecar) under the machine-wide vLLM lock.
+What a run decides is read from the scrape: which finish statuses vLLM reported, which
+tables each sink wrote to, and (the server is shared with the package's earlier modules)
+which clients and user agents sent requests and which per-client families have a series;
+every other family's count is predicted.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvscope.sidecar.exposition.series_budget import (
+    AGENT_FAMILIES,
+    CLIENT_FAMILIES,
     EngineShape,
     SidecarShape,
     engine_series,
@@ -23,7 +26,8 @@ from kvscope.sidecar.exposition.series_budget import (
     sidecar_series,
 )
 from tests.engine.conftest import EngineStack
-from tests.engine.test_engine import get_text, wait_for_synced_engine
+from tests.engine.figures import get_text, wait_for_synced_engine
+from tests.reliability.serveproc import wait_until
 
 pytestmark = pytest.mark.engine
 
@@ -42,6 +46,10 @@ def test_a_real_engine_exports_exactly_its_budget(engine_stack: EngineStack) -> 
                              "max_tokens": max_tokens, "stop": stop})
         assert r.status_code == 200, r.text
     wait_for_synced_engine(engine_stack, timeout_s=30.0)
+    # the reconciliation gauges come with the sidecar's first scrape of vLLM's /metrics
+    # since the engine appeared (every few seconds; later on a loaded machine)
+    wait_until("a scrape of vLLM's /metrics reconciled", lambda: "kvscope_reconciliation_"
+               "preemptions_diff{" in get_text(f"{engine_stack.sidecar.url}/metrics"), 60)
     text = get_text(f"{engine_stack.sidecar.url}/metrics")
     statuses = labels_of(text, "vllm_scheduler_requests_ended_total", "status")
     tables = labels_of(text, "kvscope_sink_errors_total", "sink")
@@ -54,8 +62,20 @@ def test_a_real_engine_exports_exactly_its_budget(engine_stack: EngineStack) -> 
     passed = any(e["audit_pass_seconds"] is not None for e in seen["engines"])
     engine = engine_series(EngineShape(kv_groups=1, end_statuses=len(statuses),
                                        reconciled=True, audit_passed=passed))
-    want = engine + sidecar_series(SidecarShape(sinks, clients=1, agents=1,
-                                                vllm_scrapes=True))
+    # the package's earlier modules sent requests of their own clients and agents
+    clients = labels_of(text, "kvscope_client_requests_total", "client")
+    agents = labels_of(text, "kvscope_user_agent_requests_total", "user_agent")
+    assert "budget" in clients and "budget/1" in agents
+    # which per-client families have a series so far (duplicates, preemptions: once
+    # some client had one)
+    names = {smp.name for fam in text_string_to_metric_families(text) for smp in fam.samples}
+    want = engine + sidecar_series(SidecarShape(
+        sinks, clients=len(clients), agents=len(agents),
+        client_families=tuple(f for f in CLIENT_FAMILIES
+                              if f"kvscope_client_{f}_total" in names),
+        agent_families=tuple(f for f in AGENT_FAMILIES
+                             if f"kvscope_user_agent_{f}_total" in names),
+        vllm_scrapes=True))
     got = scraped(text)
     print(f"\nseries budget on vLLM: one engine {sum(engine.values())} series "
           f"(statuses {sorted(statuses)}), the sidecar {sum(got.values())} in all "
