@@ -8,9 +8,12 @@ carries block IDs read when the wrapper ran, while vLLM had just touched those b
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any
 
 from kvscope_probe import wire
+
+_block_hash = attrgetter("block_hash")
 
 REPAIR_BLOCKS = 2048
 """Blocks of vLLM's pool one step reads, at most, to repair a mirror a contained fault may
@@ -41,10 +44,14 @@ class PoolMirror:
         self.relocated: list[wire.Nulled] = []
         self.null_ctx: tuple[str, int] | None = None
         """(request, KV group) while vLLM replaces that table's blocks by the null block."""
+        null = getattr(pool, "null_block", None)
+        if null is not None and null.block_id != 0:
+            raise RuntimeError(f"vLLM's null block is block {null.block_id}, not 0")
+        field = _hash_is_field(pool)
         self.states = self._scan_states()
         self.repair_at: int | None = None
         """Next block the repair reads; None while the mirror is exact."""
-        self.sort_freed = _sort_freed_by_field if _hash_is_field(pool) else _sort_freed
+        self.sort_freed = _sort_freed_by_field if field else _sort_freed
         self.audit_at = 0
         """Next block the audit reads."""
         self.audit_blocks = max(AUDIT_MIN_BLOCKS, -(-len(self.states) // AUDIT_PASS_STEPS))
@@ -64,20 +71,20 @@ class PoolMirror:
         return hi - lo
 
     def _read(self, lo: int, hi: int) -> bytearray:
-        """The state of blocks ``lo`` to ``hi`` (excluded) as vLLM's pool holds them
-        (a block's ID is its index in ``BlockPool.blocks``)."""
-        caching = self.pool.enable_caching
-        out = bytearray(hi - lo)
-        k = 0
-        for b in self.pool.blocks[lo:hi]:
-            if b.is_null:
-                out[k] = wire.STATE_NULL
-            elif b.ref_cnt > 0:
-                out[k] = wire.STATE_USED
-            elif caching and b.block_hash is not None:
-                out[k] = wire.STATE_CACHED
-            # else STATE_FREE, 0
-            k += 1
+        """The state of blocks ``lo`` to ``hi`` (excluded) as vLLM's pool holds them (a
+        block's ID is its index in ``BlockPool.blocks``; the null block is block 0)."""
+        blocks = self.pool.blocks[lo:hi]
+        used, free = wire.STATE_USED, wire.STATE_FREE
+        if self.pool.enable_caching:
+            # vLLM's own property, never the field the probe's fast path reads: what
+            # vLLM says, even where the probe's reading of it has gone wrong
+            h, cached = _block_hash, wire.STATE_CACHED
+            out = bytearray([used if b.ref_cnt else cached if h(b) is not None else free
+                             for b in blocks])
+        else:
+            out = bytearray([used if b.ref_cnt else free for b in blocks])
+        if lo == 0 and out:
+            out[0] = wire.STATE_NULL
         return out
 
     def audit(self, running: Any, get_block_ids: Any) -> wire.Audit:

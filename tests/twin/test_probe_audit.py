@@ -236,3 +236,27 @@ def test_a_request_table_that_differs_from_vllm_is_counted() -> None:
     assert watch.first_counted == 31
     assert audit.mismatches == {"block_state": 0, "request_table": 1, "probe_mirror": 0}
     assert not probed.state.ledger.synced
+
+
+def test_a_vllm_whose_null_block_is_not_block_0_is_not_recorded(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The ledger and the audit take block 0 for vLLM's null block (as 0.32 and 0.33
+    make it): a vLLM that picks another is left alone, with one log line, not recorded
+    on a guess."""
+    from kvscope.twin.engine import Twin
+    from kvscope_probe import plugin
+
+    assert plugin.enable(None)
+    twin = Twin(TwinConfig(num_blocks=48), seed=1)
+    pool = twin.scheduler.kv_cache_manager.block_pool
+    assert pool.null_block.block_id == 0  # the premise, on this vLLM
+    twin.scheduler._kvscope = None
+    pool.null_block = pool.blocks[5]
+    plugin._endpoint = "ipc:///nonexistent/kvscope-test.sock"
+    try:
+        with caplog.at_level("WARNING", logger="kvscope_probe"):
+            assert plugin.attach(twin.scheduler) is None
+    finally:
+        plugin.enable(None)
+    assert "null block is block 5, not 0" in caplog.text
+    assert not twin.scheduler._kvscope.enabled  # marked: not retried every step
