@@ -262,8 +262,8 @@ class Recorder(PoolMirror):
         waiting = len(sched.waiting)
         if self.kv_holding is not None:
             waiting += len(self.kv_holding)
-        audit = self.audit(sched.running, self.mgr.get_block_ids)
-        if audit.mirror_fixed:  # the sidecar's ledger may hold the same error: resend
+        audit = self.audit(sched.running, self.mgr.get_block_ids) if self.audit_due() else None
+        if audit is not None and audit.mirror_fixed:  # the ledger may hold it too: resend
             self.want_keyframe = True
         self.push(wire.Step(
             _wall(), ops, new, nst, c.req_ids, c.num_computed_tokens,

@@ -1,11 +1,12 @@
 """The audit: vLLM's own pool compared with the sidecar's ledger, slice by slice.
 
 The probe reads ``audit_blocks`` blocks of vLLM's ``BlockPool.blocks`` and one running
-request's table after every step (``PoolMirror.audit``); the sidecar compares them with
-its ledger (``kvscope.state.audit``). The ledger is fed by the probe's ops and keyframes,
-so the older self-checks (the free count, a keyframe against the replayed ops) compare
-the probe with itself; the audit compares it with vLLM. Every block is read once in
-``ceil(num_blocks / audit_blocks)`` steps: a drift is counted within that many steps.
+request's table after one step in ``AUDIT_EVERY`` (``PoolMirror.audit``); the sidecar
+compares them with its ledger (``kvscope.state.audit``). The ledger is fed by the probe's
+ops and keyframes, so the older self-checks (the free count, a keyframe against the
+replayed ops) compare the probe with itself; the audit compares it with vLLM. Every
+block is read once in ``ceil(num_blocks / audit_blocks) * AUDIT_EVERY`` steps: a drift
+that lasts is counted within that many steps.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class Watch:
         self.expected_blocks = 0
         self.expected_tables = 0
         self._lo = 0
+        self._wait = 0
         sched = probed.scheduler
         original = type(sched).schedule  # the probe's hooked method
 
@@ -66,10 +68,14 @@ class Watch:
         # The slice this step's record carried, as the probe walks the pool: compared
         # only with a ledger in sync when the record arrived.
         n, k = len(self.pool.blocks), probed.rec.audit_blocks
-        if synced_before:
-            self.expected_blocks += min(n, self._lo + k) - self._lo
-            self.expected_tables += bool(probed.scheduler.running)
-        self._lo = 0 if self._lo + k >= n else self._lo + k
+        if self._wait:  # one step in AUDIT_EVERY carries an audit, the first included
+            self._wait -= 1
+        else:
+            self._wait = mirror.AUDIT_EVERY - 1
+            if synced_before:
+                self.expected_blocks += min(n, self._lo + k) - self._lo
+                self.expected_tables += bool(probed.scheduler.running)
+            self._lo = 0 if self._lo + k >= n else self._lo + k
         if self.at_step is not None:
             self.at_step(self)
         led = st.ledger
@@ -97,7 +103,7 @@ def run(watch_at: Any = None, *, num_blocks: int = 160, keyframe_s: float = 3600
 
 
 def pass_steps(probed: Any) -> int:
-    return -(-len(probed.rec.states) // probed.rec.audit_blocks)
+    return -(-len(probed.rec.states) // probed.rec.audit_blocks) * mirror.AUDIT_EVERY
 
 
 def test_a_healthy_run_audits_every_block_and_finds_nothing() -> None:
@@ -116,17 +122,22 @@ def test_a_healthy_run_audits_every_block_and_finds_nothing() -> None:
 
 
 def test_the_slice_is_bounded_and_a_pass_takes_the_stated_steps() -> None:
-    """The budget per step: at least AUDIT_MIN_BLOCKS, and the whole pool in at most
-    AUDIT_PASS_STEPS steps at any size (128k blocks: 128 a step)."""
-    for n, want in ((48, 32), (32768, 32), (32769, 33), (131072, 128), (1 << 20, 1024)):
-        per_step = max(mirror.AUDIT_MIN_BLOCKS, -(-n // mirror.AUDIT_PASS_STEPS))
-        assert per_step == want
-        assert -(-n // per_step) <= mirror.AUDIT_PASS_STEPS
+    """The budget of one audit: at least AUDIT_MIN_BLOCKS, one step in AUDIT_EVERY, and
+    the whole pool in at most AUDIT_PASS_STEPS steps at any size (128k blocks: 1,024
+    every 8th step)."""
+    per_audit = mirror.AUDIT_PASS_STEPS // mirror.AUDIT_EVERY
+    for n, want in ((48, 256), (32768, 256), (32769, 257), (131072, 1024), (1 << 20, 8192)):
+        blocks = max(mirror.AUDIT_MIN_BLOCKS, -(-n // per_audit))
+        assert blocks == want
+        assert -(-n // blocks) * mirror.AUDIT_EVERY <= mirror.AUDIT_PASS_STEPS
     probed = ProbedTwin(TwinConfig(num_blocks=1000), seed=1)
-    assert probed.rec.audit_blocks == 32
-    a = probed.rec.audit(probed.scheduler.running, probed.scheduler.kv_cache_manager.get_block_ids)
-    assert (a.lo, len(a.states), a.mirror_fixed, a.req_id) == (0, 32, 0, "")
-    assert a.states == truth_states(probed.rec.pool)[:32]
+    rec = probed.rec
+    assert rec.audit_blocks == 256
+    due = [rec.audit_due() for _ in range(3 * mirror.AUDIT_EVERY)]
+    assert [i for i, d in enumerate(due) if d] == [0, mirror.AUDIT_EVERY, 2 * mirror.AUDIT_EVERY]
+    a = rec.audit(probed.scheduler.running, probed.scheduler.kv_cache_manager.get_block_ids)
+    assert (a.lo, len(a.states), a.mirror_fixed, a.req_id) == (0, 256, 0, "")
+    assert a.states == truth_states(rec.pool)[:256]
 
 
 def test_a_corrupted_mirror_is_counted_within_one_pass_and_repaired() -> None:
@@ -222,7 +233,7 @@ def test_a_vllm_change_the_probe_cannot_see_is_counted_by_the_audit_alone() -> N
 
 def test_a_request_table_that_differs_from_vllm_is_counted() -> None:
     """Every running request's table changed in the ledger behind the ops' back (the
-    block states left right): the next step's audited table differs, counted once, and
+    block states left right): the next audit's table differs, counted once, and
     the ledger is stale from then on (no keyframe is due for an hour)."""
     def tamper(w: Watch) -> None:
         led = w.probed.state.ledger
@@ -233,7 +244,9 @@ def test_a_request_table_that_differs_from_vllm_is_counted() -> None:
 
     probed, watch = run(tamper)
     audit = probed.state.audit
-    assert watch.first_counted == 31
+    # the first step after the tampering that carries an audit (one in AUDIT_EVERY)
+    assert watch.first_counted == next(
+        s for s in range(31, 31 + mirror.AUDIT_EVERY) if (s - 1) % mirror.AUDIT_EVERY == 0)
     assert audit.mismatches == {"block_state": 0, "request_table": 1, "probe_mirror": 0}
     assert not probed.state.ledger.synced
 

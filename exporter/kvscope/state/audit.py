@@ -1,11 +1,11 @@
 """The ledger checked against vLLM's own pool, slice by slice (``wire.Audit``).
 
-After every step the probe reads a slice of vLLM's ``BlockPool.blocks`` and one running
-request's block table from vLLM's manager, wrapping round the pool (every block once in
-``kvscope_probe.mirror.AUDIT_PASS_STEPS`` steps). Here each slice is compared with the
-ledger as the step left it: the ledger is fed by the probe's ops and keyframes, so a
-mirror that drifted from vLLM (a vLLM change the probe does not see, a bug) shows up as
-a mismatch here, which no comparison of the mirror with itself can show.
+One step in ``kvscope_probe.mirror.AUDIT_EVERY`` (8) the probe reads a slice of vLLM's
+``BlockPool.blocks`` and one running request's block table from vLLM's manager, wrapping
+round the pool (every block once in ``AUDIT_PASS_STEPS`` steps). Here each slice is
+compared with the ledger as that step left it: the ledger is fed by the probe's ops and
+keyframes, so a mirror that drifted from vLLM (a vLLM change the probe does not see, a
+bug) shows up as a mismatch here, which no comparison of the mirror with itself can show.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class AuditCounts:
     passes: int = 0
     """Complete passes over the pool (every block compared once, in order)."""
     pass_seconds: float | None = None
-    """How long the last complete pass took."""
+    """How long the last complete pass took (from its first slice to the next pass's)."""
     _pass_start: float | None = None
     _next: int = 0
     """Block the next slice should start at for the pass to stay unbroken."""
@@ -63,13 +63,13 @@ def check(counts: AuditCounts, led: Ledger, a: wire.Audit) -> bool:
 
 
 def _track_pass(counts: AuditCounts, lo: int, n: int, num_blocks: int) -> None:
+    """A pass: from one slice at block 0 to the next, every slice between in order."""
     now = time.monotonic()
     if lo == 0:
+        if counts._pass_start is not None and counts._next >= num_blocks:
+            counts.passes += 1
+            counts.pass_seconds = now - counts._pass_start
         counts._pass_start = now
     elif lo != counts._next:
         counts._pass_start = None  # a slice missed (a gap): this pass is not whole
     counts._next = lo + n
-    if counts._pass_start is not None and lo + n >= num_blocks:
-        counts.passes += 1
-        counts.pass_seconds = now - counts._pass_start
-        counts._pass_start = None
