@@ -158,7 +158,7 @@ SIDECAR_METRICS: tuple[Declared, ...] = (
              "Self-checks (keyframes, free counts) the ledger failed."),
     Declared("kvscope_audit_blocks", COUNTER, ENGINE,
              "Blocks of vLLM's own pool (BlockPool.blocks) compared with the ledger: a slice "
-             "after one step in 8, every block once per 1,024 steps."),
+             "after one step in 8, every block once per 4,096 steps."),
     Declared("kvscope_audit_tables", COUNTER, ENGINE,
              "Running requests' block tables read from vLLM's manager and compared with the "
              "ledger (one a step, in turn)."),

@@ -45,6 +45,7 @@ class Watch:
         audit must have counted by then. (A block vLLM rewrites sooner may go unseen:
         it is right again.)"""
         self._wrong_for: dict[int, int] = {}
+        self.corrupted_at: int | None = None
         self.expected_blocks = 0
         self.expected_tables = 0
         self._lo = 0
@@ -123,48 +124,52 @@ def test_a_healthy_run_audits_every_block_and_finds_nothing() -> None:
 
 def test_the_slice_is_bounded_and_a_pass_takes_the_stated_steps() -> None:
     """The budget of one audit: at least AUDIT_MIN_BLOCKS, one step in AUDIT_EVERY, and
-    the whole pool in at most AUDIT_PASS_STEPS steps at any size (128k blocks: 1,024
+    the whole pool in at most AUDIT_PASS_STEPS steps at any size (128k blocks: 256
     every 8th step)."""
     per_audit = mirror.AUDIT_PASS_STEPS // mirror.AUDIT_EVERY
-    for n, want in ((48, 256), (32768, 256), (32769, 257), (131072, 1024), (1 << 20, 8192)):
+    for n, want in ((48, 64), (32768, 64), (32769, 65), (131072, 256), (1 << 20, 2048)):
         blocks = max(mirror.AUDIT_MIN_BLOCKS, -(-n // per_audit))
         assert blocks == want
         assert -(-n // blocks) * mirror.AUDIT_EVERY <= mirror.AUDIT_PASS_STEPS
     probed = ProbedTwin(TwinConfig(num_blocks=1000), seed=1)
     rec = probed.rec
-    assert rec.audit_blocks == 256
+    assert rec.audit_blocks == 64
     due = [rec.audit_due() for _ in range(3 * mirror.AUDIT_EVERY)]
     assert [i for i, d in enumerate(due) if d] == [0, mirror.AUDIT_EVERY, 2 * mirror.AUDIT_EVERY]
     a = rec.audit(probed.scheduler.running, probed.scheduler.kv_cache_manager.get_block_ids)
-    assert (a.lo, len(a.states), a.mirror_fixed, a.req_id) == (0, 256, 0, "")
-    assert a.states == truth_states(rec.pool)[:256]
+    assert (a.lo, len(a.states), a.mirror_fixed, a.req_id) == (0, 64, 0, "")
+    assert a.states == truth_states(rec.pool)[:64]
 
 
 def test_a_corrupted_mirror_is_counted_within_one_pass_and_repaired() -> None:
-    """Blocks of the probe's mirror set wrong mid-run, and a keyframe of it sent: the
-    ledger now differs from vLLM where the ops never said so. The audit counts it
-    within one pass, the probe sets its mirror right, and a keyframe repairs the ledger:
-    at the end both equal vLLM's pool exactly."""
+    """Free blocks of the probe's mirror marked cached and cached ones free mid-run, and
+    a keyframe of it sent: the ledger now differs from vLLM where the ops never said so,
+    and the free count (the older self-check) cannot see it. The audit counts it within
+    one pass, the probe sets its mirror right, and a keyframe repairs the ledger: at the
+    end both equal vLLM's pool exactly."""
     corrupted: list[int] = []
 
     def corrupt(w: Watch) -> None:
-        if w.steps != 40:
-            return
         rec = w.probed.rec
-        used = [i for i, s in enumerate(rec.states) if s == wire.STATE_USED][:6]
-        free = [i for i, s in enumerate(rec.states) if s <= wire.STATE_CACHED][:6]
-        assert used and free, "the premise: a pool part used, part free at step 40"
-        for i in used:
-            rec.states[i] = wire.STATE_FREE
+        if corrupted or w.steps < 40:
+            return
+        free = [i for i, s in enumerate(rec.states) if s == wire.STATE_FREE][:6]
+        cached = [i for i, s in enumerate(rec.states) if s == wire.STATE_CACHED][:6]
+        if not (free and cached):
+            return  # the premise: some of each; a later step then
         for i in free:
-            rec.states[i] = wire.STATE_USED
-        corrupted.extend(used + free)
+            rec.states[i] = wire.STATE_CACHED
+        for i in cached:
+            rec.states[i] = wire.STATE_FREE
+        corrupted.extend(free + cached)
+        w.corrupted_at = w.steps
         rec.keyframe(time.perf_counter_ns())
         w.probed.drain()
 
     probed, watch = run(corrupt)
     audit = probed.state.audit
-    assert corrupted and watch.first_wrong == 40
+    assert corrupted and watch.first_wrong == watch.corrupted_at
+    assert probed.state.counters.ledger_mismatches == 1  # the keyframe against the ops
     assert watch.first_counted is not None
     assert watch.must_count is None or watch.first_counted <= watch.must_count
     assert watch.first_counted - watch.first_wrong <= pass_steps(probed)

@@ -55,7 +55,7 @@ def test_a_real_engine_exports_exactly_its_budget(engine_stack: EngineStack) -> 
     tables = labels_of(text, "kvscope_sink_errors_total", "sink")
     sinks = {sink: labels_of(text, "kvscope_sink_rows_written_total", "sink")[sink]
              for sink in tables}
-    # the audit's pass time is exported once it has covered the pool (at most 1,024
+    # the audit's pass time is exported once it has covered the pool (at most 4,096
     # steps; the shared server may have run fewer so far)
     seen = httpx.get(f"{engine_stack.sidecar.url}/api/engines", timeout=10.0,
                      trust_env=False).json()

@@ -41,7 +41,7 @@ class EngineShape:
     reconciled: bool = False
     """The sidecar scrapes this engine's vLLM /metrics (--vllm-url): two diff gauges."""
     audit_passed: bool = True
-    """The audit has covered the pool once (1,024 steps at most): its pass time."""
+    """The audit has covered the pool once (4,096 steps at most): its pass time."""
 
 
 def engine_series(shape: EngineShape) -> Counter[str]:
