@@ -2,14 +2,13 @@
 sidecar: kvscope's counts must reconcile with vLLM's own /metrics, clients must join their
 traces, and vLLM must not care whether a sidecar listens.
 
-The tests share one server and run in file order: the reconciliation test needs the
-sidecar that has watched the engine since its first step; the last test stops it.
+The tests run first on the package's server (``tests/engine/shared/conftest.py``): the
+reconciliation test needs the sidecar that has watched the engine since its first step.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -18,16 +17,14 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvscope.load.mix import LoadSpec, build_requests, run_load_sync
+from kvscope.load.mix import LoadSpec, run_load_sync
 from kvscope.localvllm.server import live_group_pids
 from tests.engine.figures import (
     ENGINE,
     REASONS,
     assert_audit_clean,
-    engine_summary,
     get_text,
     sample,
-    wait_for_synced_engine,
     wait_until_quiet,
 )
 
@@ -65,18 +62,6 @@ class LoadWatcher(threading.Thread):
                     self.absent += 1
                 except Exception:  # noqa: BLE001 - counted and reported; never crash a thread
                     self.errors += 1
-
-
-@pytest.fixture(scope="module")
-def first_engine(engine_stack: EngineStack) -> dict[str, Any]:
-    """Send one completion (the probe attached when vLLM built its scheduler) and return the
-    sidecar's summary of engine "0" once its ledger is in sync."""
-    response = httpx.post(
-        f"{engine_stack.vllm.url}/v1/completions", timeout=60.0, trust_env=False,
-        json={"model": "tiny", "prompt": "w1 w2 w3 w4", "max_tokens": 8, "ignore_eos": True},
-    )
-    assert response.status_code == 200, response.text
-    return wait_for_synced_engine(engine_stack, timeout_s=30.0)
 
 
 def test_probe_runs_in_the_engine_core_process(engine_stack: EngineStack,
@@ -197,52 +182,3 @@ def test_clients_join_their_traces_and_a_resubmission_is_flagged(
     assert requests == spec.n_requests
     assert sample(text, "kvscope_client_duplicate_requests_total", {"client": "retry-bot"}) == 1
     assert sample(text, "kvscope_client_requests_total", {"client": "retry-bot"}) == 2
-
-
-def test_vllm_serves_without_a_sidecar_and_the_probe_reconnects(
-        engine_stack: EngineStack, first_engine: dict[str, Any],
-        record_property: pytest.RecordProperty) -> None:
-    # 1. Nobody listens on the probe's endpoint any more.
-    # uvicorn shuts down gracefully, then re-raises the SIGTERM it caught: -15, not -9.
-    assert engine_stack.sidecar.stop() in (0, -signal.SIGTERM), engine_stack.sidecar.log_tail()
-
-    # 2. vLLM serves a bounded load in full; the probe drops its records instead.
-    spec = LoadSpec(n_requests=40, concurrency=16, seed=4)
-    result = run_load_sync(engine_stack.vllm.url, spec)
-    assert result.ok == spec.n_requests, result.errors
-    wanted = [body["max_tokens"] for body in build_requests(spec)]
-    assert [o.completion_tokens for o in result.outcomes] == wanted
-
-    # 3. A new sidecar on the same endpoint learns the engine from the probe's next keyframe,
-    #    which carries the hello: the probe reconnects by itself. Keyframes come with steps,
-    #    so keep a small load going until the engine shows up in sync.
-    engine_stack.sidecar.start()
-    restarted = time.monotonic()
-    deadline = restarted + 15.0
-    loads = 0
-    while True:
-        small = LoadSpec(n_requests=8, concurrency=8, seed=100 + loads, short_fraction=1.0,
-                         max_tokens=(16, 32), timeout_s=30.0)
-        assert run_load_sync(engine_stack.vllm.url, small).ok == small.n_requests
-        loads += 1
-        summary = engine_summary(engine_stack)
-        if summary is not None and summary["synced"]:
-            break
-        if time.monotonic() > deadline:
-            pytest.fail(f"no synced engine 0 15 s after the sidecar restarted: {summary}\n"
-                        f"{engine_stack.sidecar.log_tail()}")
-    resynced_s = time.monotonic() - restarted
-    record_property("resynced_after_restart_s", round(resynced_s, 1))
-    print(f"engine 0 in sync {resynced_s:.1f} s after the sidecar restarted ({loads} small loads)")
-    assert summary["session"] == first_engine["session"], "the engine did not restart"
-    assert summary["pid"] == first_engine["pid"]
-
-    _vllm_text, side_text = wait_until_quiet(engine_stack)
-    assert sample(side_text, "kvscope_ledger_synced", ENGINE) == 1
-    assert sample(side_text, "kvscope_ledger_mismatches_total", ENGINE) == 0
-    assert_audit_clean(side_text, ENGINE)
-    assert sample(side_text, "kvscope_reconciliation_free_blocks_diff", ENGINE) == 0
-    assert sample(side_text, "vllm_scheduler_free_blocks", ENGINE) == engine_stack.num_blocks - 1
-    assert sample(side_text, "kvscope_probe_faults_total", ENGINE) == 0
-    # Records the probe could not deliver while nobody listened were dropped and counted.
-    assert sample(side_text, "kvscope_probe_records_dropped_total", ENGINE) > 0
