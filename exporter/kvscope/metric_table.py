@@ -161,7 +161,7 @@ SIDECAR_METRICS: tuple[Declared, ...] = (
              "after one step in 8, every block once per 4,096 steps."),
     Declared("kvscope_audit_tables", COUNTER, ENGINE,
              "Running requests' block tables read from vLLM's manager and compared with the "
-             "ledger (one a step, in turn)."),
+             "ledger (one each audit, in turn)."),
     Declared("kvscope_audit_mismatches", COUNTER, (*ENGINE, "kind"),
              "What the audit found different from vLLM's pool: blocks whose ledger state differs "
              "(block_state), request tables that differ (request_table), blocks the probe's own "

@@ -28,7 +28,7 @@ call's fixed part, ~4 µs, paid an eighth as often)..."""
 AUDIT_MIN_BLOCKS = 64
 """... reading at least this many blocks each time: 256 every 8th step at 128k blocks,
 64 up to 32k blocks. A block costs ~150 ns to read (its object is cold in the cache):
-at 32k blocks the audit is ~1.5 µs a step on average, at 128k ~5 µs."""
+measured 2.0 µs a step on average at 32k blocks, 3.9 µs at 128k (benchmarks/README.md)."""
 
 _STATE_AFTER = {wire.OP_ALLOC: wire.STATE_USED, wire.OP_FREE: wire.STATE_FREE,
                 wire.OP_FREE_CACHED: wire.STATE_CACHED, wire.OP_UNCACHE: wire.STATE_FREE}
@@ -113,9 +113,9 @@ class PoolMirror:
         lo = self.audit_at if self.audit_at < n else 0
         hi = min(n, lo + self.audit_blocks)
         truth = self._read(lo, hi)
+        mine = self.states[lo:hi]
         fixed = 0
-        if truth != self.states[lo:hi]:
-            mine = self.states[lo:hi]
+        if truth != mine:
             fixed = sum(a != b for a, b in zip(truth, mine, strict=True))
             self.states[lo:hi] = truth
         self.audit_at = 0 if hi >= n else hi
