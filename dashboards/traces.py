@@ -88,7 +88,7 @@ def build(cfg: Config) -> p.Board:
                units={"queue_seconds": "s", "first_token_seconds": "s", "e2e_seconds": "s"}),
         p.grid("Timeline of $request_id",
                "Every lifecycle event of the request with the pool's state at that moment "
-               "(request_events).",
+               "(request_events_all: request_events and request_allocations unrolled).",
                p.ch(sql.render("request_timeline")), h=10),
     )
     return b

@@ -19,7 +19,7 @@ SELECT
     tokens,
     reason,
     detail
-FROM request_events
+FROM request_events_all
 WHERE request_id = {request_id:String}
   AND ({model:String} = '' OR model = {model:String})
   AND ({engine:String} = '' OR engine = {engine:String})

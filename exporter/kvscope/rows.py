@@ -7,6 +7,7 @@ interval below is computed from timestamps of one process. Sentinels instead of 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -88,6 +89,51 @@ class RequestEvent:
     (order among the step's arrivals as the scheduler queued them) ``priority=``."""
     server: str = ""
     """The engine's vLLM server (kvscope_probe.identity); "" outside an API server."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestAllocations:
+    """A request's block allocations, one array entry each (table ``request_allocations``).
+
+    One row per request per run of allocations: the tracker writes it when the request
+    is preempted or ends, and once a second of engine time while it keeps growing. Each
+    entry is what one ``allocated`` RequestEvent held; ``events()`` gives them back."""
+
+    ts: float
+    """The first allocation's time."""
+    model: str
+    engine: str
+    request_id: str
+    step: list[int]
+    offset_ms: list[int]
+    """Each allocation's time in milliseconds after ``ts`` (the store keeps ms)."""
+    blocks: list[int]
+    """Blocks each allocation added."""
+    total_blocks: list[int]
+    free_blocks: list[int]
+    tokens: list[int]
+    server: str = ""
+    """The engine's vLLM server (kvscope_probe.identity); "" outside an API server."""
+
+    def events(self) -> list[RequestEvent]:
+        """The ``allocated`` events this row holds, as request_events_all reads them."""
+        ms0 = round(self.ts * 1000.0)
+        return [RequestEvent(ts=(ms0 + dt) / 1000.0, model=self.model, engine=self.engine,
+                             request_id=self.request_id, event="allocated", step=step,
+                             blocks=blocks, total_blocks=total, free_blocks=free,
+                             max_contiguous_free=-1, tokens=tokens, server=self.server)
+                for step, dt, blocks, total, free, tokens in zip(
+                    self.step, self.offset_ms, self.blocks, self.total_blocks,
+                    self.free_blocks, self.tokens, strict=True)]
+
+
+def unrolled(rows: Iterable[Any]) -> Iterator[Any]:
+    """``rows`` with each RequestAllocations replaced by its ``allocated`` events."""
+    for row in rows:
+        if type(row) is RequestAllocations:
+            yield from row.events()
+        else:
+            yield row
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +247,7 @@ class LayoutSnapshotRow:
 TABLES: dict[str, type] = {
     "request_traces": RequestTrace,
     "request_events": RequestEvent,
+    "request_allocations": RequestAllocations,
     "scheduler_decisions": SchedulerDecision,
     "step_stats": StepStat,
     "client_requests": ClientRequest,

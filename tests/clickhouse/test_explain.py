@@ -15,7 +15,7 @@ import pytest
 from kvscope import cli
 from kvscope.explain import answer, render_json, render_text
 from kvscope.explain.story import facts
-from kvscope.rows import ClientRequest, RequestEvent, RequestTrace, as_tuple, columns
+from kvscope.rows import ClientRequest, RequestEvent, RequestTrace, as_tuple, columns, unrolled
 from tests.clickhouse.test_queries import Run, run  # noqa: F401 (the fixture)
 
 pytestmark = [pytest.mark.clickhouse, pytest.mark.twin]
@@ -28,7 +28,7 @@ def valid(body: Any, definition: str = "answer") -> None:
 
 def events_of(r: Run) -> dict[str, list[RequestEvent]]:
     by: dict[str, list[RequestEvent]] = defaultdict(list)
-    for e in r.rows:
+    for e in unrolled(r.rows):
         if isinstance(e, RequestEvent):
             by[e.request_id].append(e)
     return by
@@ -79,7 +79,7 @@ def test_every_preempted_request_story_equals_its_events(run: Run) -> None:  # n
 
 def test_each_preemption_trigger_was_admitted_or_grew_in_that_step(run: Run) -> None:  # noqa: F811
     by_step: dict[tuple[str, int], set[str]] = defaultdict(set)
-    for e in run.rows:
+    for e in unrolled(run.rows):
         if isinstance(e, RequestEvent) and e.event in ("admitted", "resumed", "allocated"):
             by_step[(e.request_id, e.step)].add(e.event)
     seen = selfs = 0
@@ -102,7 +102,7 @@ def test_each_preemption_trigger_was_admitted_or_grew_in_that_step(run: Run) -> 
 def held_by_replay(r: Run, step: int) -> dict[str, int]:
     """Blocks each request held as ``step`` began, replaying the tracker's events."""
     held: dict[str, int] = {}
-    rows = sorted((e for e in r.rows if isinstance(e, RequestEvent) and e.step < step),
+    rows = sorted((e for e in unrolled(r.rows) if isinstance(e, RequestEvent) and e.step < step),
                   key=lambda e: (e.step, e.ts))
     for e in rows:
         if e.event in ("admitted", "resumed", "allocated"):

@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from kvscope.rows import RequestTrace, SchedulerDecision
+from kvscope.rows import (RequestAllocations, RequestEvent, RequestTrace, SchedulerDecision,
+                          columns, unrolled)
 from kvscope.sinks.base import SinkManager
 from kvscope.store import query, schema
 from kvscope.store.sink import ClickHouseSink
@@ -83,9 +84,30 @@ def test_every_table_holds_every_row(run: Run) -> None:
         by_table[type(row).__name__] += 1
     assert count(run.client, "request_traces") == by_table["RequestTrace"] == 80
     assert count(run.client, "request_events") == by_table["RequestEvent"]
+    assert count(run.client, "request_allocations") == by_table["RequestAllocations"] > 0
     assert count(run.client, "scheduler_decisions") == by_table["SchedulerDecision"]
     assert count(run.client, "step_stats") == by_table["StepStat"]
     assert sum(t.preempt_count for t in run.traces) > 0  # the workload preempts
+
+
+def test_allocations_read_back_as_the_events_they_replace(run: Run) -> None:
+    """request_events_all holds every lifecycle event once and every allocation as the
+    one ``allocated`` row per allocation request_events held before: each column equal,
+    ts to the millisecond the store keeps."""
+    allocs = [r for r in run.rows if isinstance(r, RequestAllocations)]
+    events = [e for e in unrolled(run.rows) if isinstance(e, RequestEvent)]
+    n_alloc = sum(len(a.step) for a in allocs)
+    assert sum(e.event == "allocated" for e in events) == n_alloc > len(allocs) > 0
+    # at most one open run per request between its preemptions and end, plus one a second
+    assert max(len(a.step) for a in allocs) > 1
+    cols = columns("request_events")
+    want = sorted(tuple(ms(e.ts) if c == "ts" else getattr(e, c) for c in cols)
+                  for e in events)
+    picked = ", ".join("toUnixTimestamp64Milli(ts)" if c == "ts" else c for c in cols)
+    got = sorted(tuple(r) for r in run.client.query(
+        f"SELECT {picked} FROM request_events_all").result_rows)
+    assert len(got) == len(events)
+    assert got == want
 
 
 def test_hourly_preemptions(run: Run) -> None:

@@ -20,7 +20,10 @@ def test_schema_applies_twice_cleanly(store: Any, database: str) -> None:
         "SELECT name, engine, partition_key, sorting_key, create_table_query "
         "FROM system.tables WHERE database = {db:String}", parameters={"db": database}
     ).result_rows}
-    assert set(tables) == schema.table_names()
+    assert set(tables) == schema.table_names() | schema.view_names()
+    assert schema.view_names() == {"request_events_all"}
+    for name in schema.view_names():
+        assert tables.pop(name)[0] == "View", name
     for name, (engine, partition, sorting, ddl) in tables.items():
         assert engine == "MergeTree", name
         assert partition == "toDate(ts)", name
@@ -51,7 +54,8 @@ def test_cluster_variant_is_valid_clickhouse_sql(store: Any) -> None:
     statements = schema.render_schema("kv", 30, cluster="prod")
     tables = schema.table_names()
     alters = sum(s.startswith("ALTER TABLE") for s in schema.render_schema("kv", 30))
-    assert len(statements) == 1 + 2 * len(tables) + 2 * alters  # local and Distributed
+    views = len(schema.view_names())
+    assert len(statements) == 1 + 2 * len(tables) + 2 * alters + views  # local, Distributed
     for stmt in statements:
         assert "ON CLUSTER 'prod'" in stmt
         # formatQuery parses without executing: a syntax error raises here

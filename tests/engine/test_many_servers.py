@@ -126,7 +126,8 @@ def test_per_engine_counts_equal_each_servers_own(two: Two) -> None:
         t.start()
     for t in threads:
         t.join(600)
-    assert all(r.error_count == 0 and r.ok == 80 for r in results.values()), results
+    assert all(r.error_count == 0 and r.ok == 80 for r in results.values()), {
+        i: (r.ok, r.error_count, r.errors) for i, r in results.items()}
 
     def settled() -> list[tuple[str, float, float, float, float]] | None:
         side = get(f"{two.side.url}/metrics")

@@ -9,7 +9,8 @@ from collections import Counter
 import pytest
 
 from kvscope.decisions.log import DecisionLog
-from kvscope.rows import RequestEvent, RequestTrace, SchedulerDecision, StepStat
+from kvscope.rows import (RequestAllocations, RequestEvent, RequestTrace, SchedulerDecision,
+                          StepStat, unrolled)
 from kvscope.sinks.base import SinkManager
 from kvscope.state.hub import Hub
 from kvscope.state.requests import RequestTracker
@@ -39,7 +40,7 @@ def test_every_request_gets_a_trace_and_every_preemption_a_decision() -> None:
     rows, hub, log, result = run_tracked()
     st = hub.engines["0"]
     traces = [r for r in rows if isinstance(r, RequestTrace)]
-    events = Counter(r.event for r in rows if isinstance(r, RequestEvent))
+    events = Counter(r.event for r in unrolled(rows) if isinstance(r, RequestEvent))
     decisions = [r for r in rows if isinstance(r, SchedulerDecision)]
     preempts = [d for d in decisions if d.decision == "preempt"]
     n_pre = sum(st.counters.preemptions.values())
@@ -65,6 +66,37 @@ def test_every_request_gets_a_trace_and_every_preemption_a_decision() -> None:
     stats = [r for r in rows if isinstance(r, StepStat)]
     assert sum(s.steps for s in stats) == st.counters.steps
     assert sum(s.preemptions for s in stats) == n_pre
+
+
+def test_allocations_chain_each_requests_table_from_admission_to_its_peak() -> None:
+    """The allocations, written as arrays a run at a time, unroll into one event per
+    allocation that continues the request's table: each adds its blocks to the blocks
+    held after the event before it (admitted, resumed or allocated), in step order, and
+    the most held is the trace's peak."""
+    rows, _hub, _log, _result = run_tracked()
+    allocs = [r for r in rows if isinstance(r, RequestAllocations)]
+    assert allocs and any(len(a.step) > 1 for a in allocs)
+    assert all(a.step == sorted(a.step) and min(a.offset_ms) == a.offset_ms[0] == 0
+               for a in allocs)
+    by: dict[str, list[RequestEvent]] = {}
+    for e in unrolled(rows):
+        if isinstance(e, RequestEvent):
+            by.setdefault(e.request_id, []).append(e)
+    checked = 0
+    for t in (r for r in rows if isinstance(r, RequestTrace)):
+        held = peak = 0
+        for e in by[t.request_id]:
+            if e.event in ("admitted", "resumed"):
+                held = e.total_blocks
+            elif e.event == "allocated":
+                assert e.blocks > 0 and e.total_blocks == held + e.blocks, e
+                held = e.total_blocks
+                checked += 1
+            elif e.event == "preempted":
+                held = 0
+            peak = max(peak, held)
+        assert peak == t.allocated_blocks, t.request_id
+    assert checked == sum(len(a.step) for a in allocs)
 
 
 def test_no_prompt_token_reaches_any_row() -> None:
@@ -94,7 +126,8 @@ def test_rows_no_sink_takes_are_not_built_and_traces_do_not_change() -> None:
     sinks.close()
     kinds = Counter(type(r).__name__ for r in everything)
     assert kinds["RequestEvent"] > 0 and kinds["SchedulerDecision"] > 0
-    assert not any(isinstance(r, RequestEvent) for r in some)
+    assert kinds["RequestAllocations"] > 0
+    assert not any(isinstance(r, (RequestEvent, RequestAllocations)) for r in some)
     keep = (RequestTrace, SchedulerDecision)
     # ts fields come from the clock, and a trace's max-contiguous at admission is sampled
     # at most MAXRUN_SAMPLE_S of wall time old: compare the rows without them

@@ -29,8 +29,9 @@ def _rows(client: Any, sql: str, params: dict[str, Any], cols: tuple[str, ...]) 
 
 def events(client: Any, where: str, params: dict[str, Any], limit: int = 0) -> list[dict]:
     """Lifecycle events matching ``where`` (SQL over request_events' columns), in the
-    order they happened: by step, then time, then the tracker's order within a step."""
-    return _rows(client, "SELECT {cols} FROM request_events WHERE " + where
+    order they happened: by step, then time, then the tracker's order within a step. Read
+    through ``request_events_all``: the lifecycle rows and each allocation unrolled."""
+    return _rows(client, "SELECT {cols} FROM request_events_all WHERE " + where
                  + " ORDER BY step, ts, indexOf(['queued', 'admitted', 'resumed', "
                    "'allocated', 'preempted', 'finished', 'aborted'], event)"
                  + (f" LIMIT {int(limit)}" if limit else ""), params, EVENT_COLUMNS)
@@ -52,7 +53,7 @@ def live_events(client: Any, engine: str, server: str, step: int) -> list[dict]:
     """Events before ``step`` of every request that still had an event at or after it: the
     requests that could hold blocks as that step began."""
     return events(client, "engine = {e:String} AND server = {s:String} AND step < {n:Int64} "
-                          "AND request_id IN (SELECT request_id FROM request_events WHERE "
+                          "AND request_id IN (SELECT request_id FROM request_events_all WHERE "
                           "engine = {e:String} AND server = {s:String} AND step >= {n:Int64})",
                   {"e": engine, "s": server, "n": step})
 

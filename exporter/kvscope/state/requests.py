@@ -5,6 +5,11 @@ the ledger has applied each step) and emits rows from ``kvscope.rows`` to one
 callable. It keeps a little state per live request (``request_tables.Live``), bounded:
 requests whose end never arrives (a gap) are evicted oldest first and counted. The
 per-second rollups and admission decisions are ``rollups.Rollups``.
+
+A request's block allocations (with 16-token blocks ~16 of 256 decoding requests grow a
+block every step) are not a row each: ``request_allocations.Allocations`` collects them per
+request and writes one ``RequestAllocations`` row of arrays when the request is preempted
+or ends, and for every request still growing once a second of engine time.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import Any
 
 from kvscope.rows import RequestEvent, RequestTrace, SchedulerDecision
 from kvscope.state.engine import EngineState, PreemptionSeen
+from kvscope.state.request_allocations import Allocations
 from kvscope.state.request_tables import Live, extend_table, set_table
 from kvscope.state.rollups import Rollups
 from kvscope_probe import wire
@@ -34,11 +40,15 @@ class RequestTracker:
         self.live: dict[str, OrderedDict[str, Live]] = {}
         self.rollups = Rollups(emit, self._decision)
         self.prefilling: dict[str, set[str]] = {}
+        self.allocations: dict[str, Allocations] = {}
         self.evicted = 0
 
     # -- dispatch -----------------------------------------------------------------
     def on_event(self, kind: str, st: EngineState, payload: object) -> None:
         if kind == "hello":
+            old = self.allocations.pop(st.key, None)
+            if old is not None:  # a restarted engine: what the old one grew is written
+                old.flush_all(self.emit)
             self.live[st.key] = OrderedDict()
             self.prefilling[st.key] = set()
             self.rollups.forget(st.key)
@@ -47,12 +57,19 @@ class RequestTracker:
         elif kind == "preemption":
             self._preemption(st, payload)  # type: ignore[arg-type]
 
-    _events_wanted = _decisions_wanted = True
+    _events_wanted = _decisions_wanted = _allocations_wanted = True
 
     def _wanted(self) -> None:
         """Asked once a step (a sink may be added while running)."""
         self._events_wanted = self.wants("request_events")
         self._decisions_wanted = self.wants("scheduler_decisions")
+        self._allocations_wanted = self.wants("request_allocations")
+
+    def _allocs(self, st: EngineState) -> Allocations:
+        a = self.allocations.get(st.key)
+        if a is None:
+            a = self.allocations[st.key] = Allocations(st.hello.model, st.engine, st.server)
+        return a
 
     def _reqs(self, st: EngineState) -> OrderedDict[str, Live]:
         return self.live.setdefault(st.key, OrderedDict())
@@ -115,6 +132,7 @@ class RequestTracker:
             if live is not None and n.req_id in led.tables:
                 set_table(live, led.tables[n.req_id])
         resumed = s.resumed
+        allocs = self._allocs(st) if self._allocations_wanted else None
         for rid, groups in zip(s.grown_ids, s.grown_blocks, strict=True):
             live = reqs.get(rid)
             if live is None:
@@ -129,18 +147,24 @@ class RequestTracker:
                 pending.add(rid)
             elif any(groups):
                 n = extend_table(live, groups)
-                self._event(st, s.ts, rid, "allocated", blocks=n,
-                            total_blocks=live.blocks, free_blocks=free, tokens=tokens)
+                if allocs is not None:
+                    allocs.add(rid, s.ts, st.counters.steps, n, live.blocks, free, tokens)
         self._first_tokens(reqs, pending, led, s)
         for e in s.ends:
             pending.discard(e.req_id)
+            if allocs is not None:
+                allocs.flush(e.req_id, self.emit)
             self._end(st, e, reqs.pop(e.req_id, None))
         self.rollups.admission(st, s)
         self.rollups.step(st, s)
         while len(reqs) > MAX_LIVE_REQUESTS:
             rid, _ = reqs.popitem(last=False)
             pending.discard(rid)
+            if allocs is not None:
+                allocs.flush(rid, self.emit)
             self.evicted += 1
+        if allocs is not None:
+            allocs.flush_due(s.ts, self.emit)
 
     def _pending(self, st: EngineState) -> set[str]:
         """Requests admitted whose first output token has not been seen yet."""
@@ -174,6 +198,9 @@ class RequestTracker:
 
     def _preemption(self, st: EngineState, p: PreemptionSeen) -> None:
         f = p.fact
+        allocs = self.allocations.get(st.key)
+        if allocs is not None:
+            allocs.flush(f.victim, self.emit)
         live = self._reqs(st).get(f.victim)
         if live is not None:
             live.preemptions += 1
@@ -228,5 +255,8 @@ class RequestTracker:
     # -- admission and rollups ---------------------------------------------------------
 
     def flush(self, hub_engines: dict[str, EngineState]) -> None:
-        """Emit the open per-second rollups (at shutdown)."""
+        """Emit the open per-second rollups and the allocations not written yet (at
+        shutdown)."""
         self.rollups.flush(hub_engines)
+        for allocs in self.allocations.values():
+            allocs.flush_all(self.emit)

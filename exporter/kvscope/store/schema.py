@@ -9,6 +9,9 @@ retried batch must land on the same shards for the dedup token to work): the def
 ``cityHash64(model, server, engine)`` (the engine's identity: vLLM's engine label alone takes
 a handful of values across a fleet), a file may override it with ``-- kvscope:sharding_key EXPR``.
 
+Views (``CREATE OR REPLACE VIEW``, over those table names) are replaced on every apply and
+created ``ON CLUSTER`` as they are.
+
 ``kvscope schema [--cluster NAME]`` prints the DDL.
 """
 
@@ -33,6 +36,8 @@ _CREATE_TABLE = re.compile(
     r"ENGINE\s*=\s*MergeTree(?:\(\))?\s+(.*)$", re.IGNORECASE | re.DOTALL)
 _ALTER_TABLE = re.compile(r"^ALTER\s+TABLE\s+(\w+)\.(\w+)\s+(.*)$", re.IGNORECASE | re.DOTALL)
 _CREATE_DB = re.compile(r"^CREATE\s+DATABASE\s+IF\s+NOT\s+EXISTS\s+(\w+)$", re.IGNORECASE)
+_CREATE_VIEW = re.compile(r"^CREATE\s+OR\s+REPLACE\s+VIEW\s+(\w+)\.(\w+)\s+AS\s+(.*)$",
+                          re.IGNORECASE | re.DOTALL)
 
 
 def sql_files(kind: str) -> list[Traversable]:
@@ -111,6 +116,12 @@ def table_names() -> set[str]:
     return {m.group(1) for m in made if m}
 
 
+def view_names() -> set[str]:
+    """Views the DDL creates (read-only: over the tables, replaced on every apply)."""
+    made = (_CREATE_VIEW.match(s) for s in render_schema())
+    return {m.group(2) for m in made if m}
+
+
 def _on_cluster(stmt: str, cluster: str, sharding: str, source: str) -> list[str]:
     on = f"ON CLUSTER '{cluster}'"
     m = _CREATE_DB.match(stmt)
@@ -120,6 +131,10 @@ def _on_cluster(stmt: str, cluster: str, sharding: str, source: str) -> list[str
     if m:  # a column added to an existing table: to the local and the Distributed one
         db, name, change = m.groups()
         return [f"ALTER TABLE {db}.{t} {on} {change}" for t in (f"{name}_local", name)]
+    m = _CREATE_VIEW.match(stmt)
+    if m:  # over the Distributed tables, which keep the tables' names
+        db, name, select = m.groups()
+        return [f"CREATE OR REPLACE VIEW {db}.{name} {on} AS {select}"]
     m = _CREATE_TABLE.match(stmt)
     if not m:
         raise ValueError(f"{source}: no cluster variant for statement {stmt[:60]!r}...")

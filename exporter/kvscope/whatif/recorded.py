@@ -70,13 +70,14 @@ def has_outcomes(records: Sequence[dict[str, Any]]) -> bool:
 
 
 def outcome_records(rows: Iterable[Any]) -> list[dict[str, Any]]:
-    """``replay_traffic`` records from RequestTrace and RequestEvent rows, in the query's
-    order (arrival step, then the order the scheduler queued the step's arrivals)."""
-    from kvscope.rows import RequestEvent, RequestTrace
+    """``replay_traffic`` records from RequestTrace, RequestEvent and RequestAllocations
+    rows, in the query's order (arrival step, then the order the scheduler queued the
+    step's arrivals)."""
+    from kvscope.rows import RequestEvent, RequestTrace, unrolled
 
     steps: dict[str, dict[str, Any]] = {}
     traces: list[RequestTrace] = []
-    for row in rows:
+    for row in unrolled(rows):
         if isinstance(row, RequestTrace):
             traces.append(row)
         elif isinstance(row, RequestEvent):

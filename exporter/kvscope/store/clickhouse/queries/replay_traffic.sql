@@ -42,7 +42,7 @@ INNER JOIN
         maxOrNullIf(step, event IN ('finished', 'aborted')) AS finished_step,
         minOrNullIf(free_blocks, event IN ('admitted', 'resumed', 'allocated')
                     AND free_blocks >= 0) AS min_free_blocks
-    FROM request_events
+    FROM request_events_all
     WHERE ({engine:String} = '' OR engine = {engine:String})
     GROUP BY engine, request_id
     HAVING countIf(event = 'queued') > 0
