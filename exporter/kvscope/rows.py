@@ -117,7 +117,7 @@ class RequestAllocations:
 
     def events(self) -> list[RequestEvent]:
         """The ``allocated`` events this row holds, as request_events_all reads them."""
-        ms0 = round(self.ts * 1000.0)
+        ms0 = epoch_ms(self.ts)
         return [RequestEvent(ts=(ms0 + dt) / 1000.0, model=self.model, engine=self.engine,
                              request_id=self.request_id, event="allocated", step=step,
                              blocks=blocks, total_blocks=total, free_blocks=free,
@@ -125,6 +125,12 @@ class RequestAllocations:
                 for step, dt, blocks, total, free, tokens in zip(
                     self.step, self.offset_ms, self.blocks, self.total_blocks,
                     self.free_blocks, self.tokens, strict=True)]
+
+
+def epoch_ms(ts: float) -> int:
+    """Epoch seconds to the milliseconds the store keeps (``store.arrow`` rounds the same
+    way: half to even on the same float product)."""
+    return round(ts * 1000.0)
 
 
 def unrolled(rows: Iterable[Any]) -> Iterator[Any]:

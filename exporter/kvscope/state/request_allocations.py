@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kvscope.rows import RequestAllocations
+from kvscope.rows import RequestAllocations, epoch_ms
 
 FLUSH_EVERY_S = 1.0
 """Engine seconds an allocation waits at most (while its engine steps) before it is
@@ -25,7 +25,7 @@ class _Run:
 
     def __init__(self, ts: float) -> None:
         self.ts = ts
-        self.ms0 = round(ts * 1000.0)  # as the store rounds ts (store.arrow)
+        self.ms0 = epoch_ms(ts)
         self.steps: list[int] = []
         self.offsets: list[int] = []
         self.blocks: list[int] = []
@@ -48,7 +48,7 @@ class Allocations:
         if run is None:
             run = self.runs[rid] = _Run(ts)
         run.steps.append(step)
-        run.offsets.append(round(ts * 1000.0) - run.ms0)
+        run.offsets.append(epoch_ms(ts) - run.ms0)
         run.blocks.append(blocks)
         run.totals.append(total)
         run.free.append(free)

@@ -71,6 +71,12 @@ class RequestTracker:
             a = self.allocations[st.key] = Allocations(st.hello.model, st.engine, st.server)
         return a
 
+    def _flush_allocations(self, st: EngineState, rid: str) -> None:
+        """Write ``rid``'s open run of allocations (before its preemption or end)."""
+        allocs = self.allocations.get(st.key)
+        if allocs is not None:
+            allocs.flush(rid, self.emit)
+
     def _reqs(self, st: EngineState) -> OrderedDict[str, Live]:
         return self.live.setdefault(st.key, OrderedDict())
 
@@ -152,16 +158,14 @@ class RequestTracker:
         self._first_tokens(reqs, pending, led, s)
         for e in s.ends:
             pending.discard(e.req_id)
-            if allocs is not None:
-                allocs.flush(e.req_id, self.emit)
+            self._flush_allocations(st, e.req_id)
             self._end(st, e, reqs.pop(e.req_id, None))
         self.rollups.admission(st, s)
         self.rollups.step(st, s)
         while len(reqs) > MAX_LIVE_REQUESTS:
             rid, _ = reqs.popitem(last=False)
             pending.discard(rid)
-            if allocs is not None:
-                allocs.flush(rid, self.emit)
+            self._flush_allocations(st, rid)
             self.evicted += 1
         if allocs is not None:
             allocs.flush_due(s.ts, self.emit)
@@ -198,9 +202,7 @@ class RequestTracker:
 
     def _preemption(self, st: EngineState, p: PreemptionSeen) -> None:
         f = p.fact
-        allocs = self.allocations.get(st.key)
-        if allocs is not None:
-            allocs.flush(f.victim, self.emit)
+        self._flush_allocations(st, f.victim)
         live = self._reqs(st).get(f.victim)
         if live is not None:
             live.preemptions += 1
