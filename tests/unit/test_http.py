@@ -7,11 +7,17 @@ engine test: 119 of 120 completions, vLLM's access log holding exactly the other
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
+import threading
+from collections.abc import Iterator
 
 import httpx
+import pytest
 
 from kvscope import http
 from kvscope.client import AsyncKVScopeClient, KVScopeClient
+from kvscope.load.mix import LoadSpec, run_load_sync
 
 
 def test_idle_connections_retire_before_vllm_closes_them() -> None:
@@ -48,3 +54,71 @@ def test_the_demo_workload_uses_them() -> None:
         assert _pool_expiry(demo) == http.KEEPALIVE_EXPIRY_S
     finally:
         asyncio.run(demo.aclose())
+
+
+class ClosingServer:
+    """A completions endpoint that answers the first request on each connection (kept
+    alive) and resets the connection when a second arrives on it: the moment vLLM's
+    uvicorn closes an idle connection just as a client writes to it, made certain."""
+
+    BODY = b'{"id": "cmpl-x", "usage": {"prompt_tokens": 1, "completion_tokens": 1}}'
+
+    def __init__(self) -> None:
+        self.connections = 0
+        self.answered = 0
+        self.loop = asyncio.new_event_loop()
+        self.server = self.loop.run_until_complete(
+            asyncio.start_server(self._serve, "127.0.0.1", 0))
+        self.port = self.server.sockets[0].getsockname()[1]
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        for turn in range(2):
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            await reader.readexactly(length)
+            if turn == 1:  # the second request on this connection: reset it, unanswered
+                sock = writer.get_extra_info("socket")
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                writer.transport.abort()
+                return
+            self.answered += 1
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                         b"content-length: %d\r\n\r\n%s" % (len(self.BODY), self.BODY))
+            await writer.drain()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.server.close)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+@pytest.fixture
+def closing_server() -> Iterator[ClosingServer]:
+    server = ClosingServer()
+    yield server
+    server.close()
+
+
+def test_a_reused_connection_the_server_closes_loses_the_request(
+        closing_server: ClosingServer) -> None:
+    """The failure itself (CI, stop 29: 79 of 80 completions, ``ReadError: ``): a pooled
+    client's second request goes out on the kept-alive connection and is lost."""
+    with httpx.Client(base_url=f"http://127.0.0.1:{closing_server.port}", trust_env=False,
+                      limits=http.limits(1)) as client:
+        assert client.post("/v1/completions", json={}).status_code == 200
+        with pytest.raises(httpx.ReadError) as caught:
+            client.post("/v1/completions", json={})
+    assert closing_server.answered == 1
+    assert "ConnectionResetError" in http.describe(caught.value), http.describe(caught.value)
+
+
+def test_the_load_generator_never_writes_to_a_connection_the_server_may_close(
+        closing_server: ClosingServer) -> None:
+    spec = LoadSpec(n_requests=12, concurrency=3)
+    result = run_load_sync(f"http://127.0.0.1:{closing_server.port}", spec)
+    assert (result.ok, result.error_count, result.errors) == (12, 0, [])
+    assert closing_server.connections == closing_server.answered == 12

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from kvscope.http import describe
 from kvscope.http import limits as http_limits
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
@@ -161,9 +162,10 @@ async def run_load(base_url: str = DEFAULT_BASE_URL, spec: LoadSpec | None = Non
             record(await _post(client, index, bodies[index], request_headers(spec, index)))
 
     # trust_env=False: an HTTP(S)_PROXY in the environment must not capture 127.0.0.1.
+    # reuse=False: a request sent on a connection vLLM is closing is lost (kvscope.http).
     async with httpx.AsyncClient(
         base_url=base_url, timeout=httpx.Timeout(spec.timeout_s), trust_env=False,
-        limits=http_limits(spec.concurrency),
+        limits=http_limits(spec.concurrency, reuse=False),
     ) as client:
         started = time.perf_counter()
         tasks = [asyncio.create_task(one(client, i)) for i in range(spec.n_requests)]
@@ -193,7 +195,7 @@ async def _post(client: httpx.AsyncClient, index: int, body: dict[str, Any],
         response = await client.post("/v1/completions", json=body, headers=headers)
     except httpx.HTTPError as exc:
         return RequestOutcome(index, False, None, time.perf_counter() - started, 0, 0, None,
-                              error=f"{type(exc).__name__}: {exc}"[:200])
+                              error=describe(exc)[:200])
     latency = time.perf_counter() - started
     try:
         payload = response.json()
