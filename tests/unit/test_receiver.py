@@ -157,7 +157,10 @@ def test_only_a_holder_of_the_secret_gets_frames_in(
         seen = rx.refused()
         peer = make()
         if not isinstance(peer, socket.socket):
-            peer.send_multipart(forged, flags=zmq.NOBLOCK)  # queued locally, never delivered
+            # Queued locally and never delivered; or, when libzmq has no pipe for it at that
+            # moment (EAGAIN, seen once with both cores busy), not even queued.
+            with contextlib.suppress(zmq.Again):
+                peer.send_multipart(forged, flags=zmq.NOBLOCK)
         wait(f"a refusal of the {name} peer", lambda s=seen: rx.refused() != s, 15)
         grew = {r for r, n in rx.refused().items() if n > seen.get(r, 0)}
         assert grew <= reasons, (name, grew)
