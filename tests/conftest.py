@@ -99,3 +99,20 @@ class SkipGuard:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(SkipGuard(config), "kvscope-skip-guard")
+
+
+VLLM_SERVER_GROUP = "vllm-server"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Groups for pytest-xdist's ``--dist loadgroup`` (the README's command runs on both
+    cores): every test that starts a real vLLM server (marked ``engine``) in one group, so
+    one worker runs them in turn, as their machine-wide lock would make them wait anyway,
+    and their shared server fixtures start once; every other module a group of its own, so
+    a module's fixtures start once. Without xdist the markers change nothing."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        group = (VLLM_SERVER_GROUP if item.get_closest_marker("engine") is not None
+                 else item.nodeid.split("::", 1)[0])
+        item.add_marker(pytest.mark.xdist_group(group))
