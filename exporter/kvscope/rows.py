@@ -250,6 +250,39 @@ class LayoutSnapshotRow:
     """The engine's vLLM server (kvscope_probe.identity); "" outside an API server."""
 
 
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """One row per probe session: the engine's settings as its hello states them (table
+    ``engine_configs``), so a replay of its traffic can be rebuilt from the store alone
+    (``kvscope explain --counterfactual``)."""
+
+    ts: float
+    """When the probe attached (the hello's time)."""
+    model: str
+    engine: str
+    session: str
+    vllm_version: str
+    num_blocks: int
+    """Blocks in the pool, the null block included."""
+    block_size: int
+    kv_group_kinds: list[str]
+    """Each KV cache group's spec class (``FullAttentionSpec``, ``SlidingWindowSpec``, ...)."""
+    kv_group_block_sizes: list[int]
+    kv_group_windows: list[int]
+    """Each group's sliding window in tokens (0 for other kinds)."""
+    token_budget: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    max_model_len: int
+    """0 when the probe did not say (a probe before this field)."""
+    policy: str
+    prefix_caching: bool
+    async_scheduling: bool
+    spec_tokens: int
+    server: str = ""
+    """The engine's vLLM server (kvscope_probe.identity); "" outside an API server."""
+
+
 TABLES: dict[str, type] = {
     "request_traces": RequestTrace,
     "request_events": RequestEvent,
@@ -258,6 +291,7 @@ TABLES: dict[str, type] = {
     "step_stats": StepStat,
     "client_requests": ClientRequest,
     "layout_snapshots": LayoutSnapshotRow,
+    "engine_configs": EngineConfig,
 }
 
 

@@ -135,7 +135,8 @@ def hello(sched: Any, disabled: dict[str, str] | None = None) -> wire.Hello:
     cfg = sched.vllm_config
     pool = sched.kv_cache_manager.block_pool
     groups = [
-        wire.KVGroup(type(g.kv_cache_spec).__name__, int(g.kv_cache_spec.block_size))
+        wire.KVGroup(type(g.kv_cache_spec).__name__, int(g.kv_cache_spec.block_size),
+                     int(getattr(g.kv_cache_spec, "sliding_window", None) or 0))
         for g in sched.kv_cache_config.kv_cache_groups
     ]
     served = cfg.model_config.served_model_name
@@ -162,4 +163,7 @@ def hello(sched: Any, disabled: dict[str, str] | None = None) -> wire.Hello:
         dp_rank=ident.dp_rank,
         started=ident.started,
         disabled=dict(disabled or {}),
+        max_model_len=int(getattr(sched, "max_model_len", 0) or 0),
+        async_scheduling=any(c.__name__ == "AsyncScheduler" for c in type(sched).__mro__),
+        spec_tokens=int(getattr(sched, "num_spec_tokens", 0) or 0),
     )

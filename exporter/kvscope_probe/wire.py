@@ -47,6 +47,9 @@ class KVGroup(msgspec.Struct, array_like=True, frozen=True):
     """Spec class name, for example ``FullAttentionSpec``."""
     block_size: int
     """Tokens per block in this group."""
+    sliding_window: int = 0
+    """Tokens a sliding-window group attends to (its spec's ``sliding_window``); 0 for
+    other kinds, and in frames of probes before it."""
 
 
 class Hello(msgspec.Struct, tag="hello", array_like=True, frozen=True):
@@ -82,6 +85,12 @@ class Hello(msgspec.Struct, tag="hello", array_like=True, frozen=True):
     disabled: dict[str, str] = {}
     """{feature: why} the probe does not record on this vLLM (``kvscope_probe.fingerprint``);
     absent in frames of probes before it, which decode as nothing disabled."""
+    max_model_len: int = 0
+    """The scheduler's ``max_model_len`` (0 unknown: frames of probes before it)."""
+    async_scheduling: bool = False
+    """Whether the scheduler is vLLM's ``AsyncScheduler`` (one step in flight)."""
+    spec_tokens: int = 0
+    """Speculative tokens a step (the scheduler's ``num_spec_tokens``; 0 none)."""
 
 
 class Preemption(msgspec.Struct, array_like=True, frozen=True):

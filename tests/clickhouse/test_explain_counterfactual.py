@@ -16,7 +16,7 @@ import pytest
 
 from kvscope import cli
 from kvscope.explain import render_json, render_text
-from kvscope.explain.counterfactual import counterfactual
+from kvscope.explain.counterfactual import ENGINE, counterfactual
 from kvscope.rows import RequestTrace
 from kvscope.sinks.base import SinkManager
 from kvscope.state.requests import RequestTracker
@@ -66,6 +66,31 @@ def test_the_servers_settings_reproduce_the_request_then_the_alternatives(
     names = [a["setting"] for a in got["alternatives"]]
     assert names == ["1.5x blocks", "max_seqs / 2", "priority policy", "2x block size"]
     assert all(a["preemptions"] is not None for a in got["alternatives"])
+
+
+def test_the_engines_own_settings_come_from_its_stored_hello(
+        plain: tuple[Any, list[RequestTrace]]) -> None:
+    client, traces = plain
+    t = worst(traces)
+    given = counterfactual(client, "0", "", t.request_id, queued_ts=t.arrival_ts, end_ts=t.ts,
+                           baseline="blocks:48", window_s=3600)
+    stored = counterfactual(client, "0", "", t.request_id, queued_ts=t.arrival_ts,
+                            end_ts=t.ts, baseline=ENGINE, window_s=3600)
+    assert given.pop("settings") == {"from": "given", "spec": "blocks:48"}
+    settings = stored.pop("settings")
+    assert settings["from"] == "engine" and settings["spec"] == (
+        "blocks:48,block_size:32,max_seqs:32,budget:512,policy:fcfs,prefix_caching:on,"
+        "layout:full,async_scheduling:off,spec_tokens:0")
+    assert stored == given  # the twin's defaults are the fixture's server: the same answer
+    assert stored["fidelity"]["trusted"] and stored["alternatives"]
+    lines = render_text.counterfactual({**stored, "settings": settings})
+    assert (f"    server's settings (as the engine's probe reported them): {settings['spec']}"
+            in lines)
+    # an engine the store has no hello of: the reason, and no replay
+    assert counterfactual(client, "no-such-engine", "", t.request_id, queued_ts=t.arrival_ts,
+                          end_ts=t.ts, baseline=ENGINE)["errors"] == [
+        "the store holds no settings of this engine (engine_configs: a sidecar before it, or "
+        "that table not written): give the settings by hand"]
 
 
 def test_a_failing_gate_shows_no_alternatives(run: Run,  # noqa: F811

@@ -20,8 +20,14 @@ from typing import Any
 
 import pytest
 
-from kvscope.rows import (RequestAllocations, RequestEvent, RequestTrace, SchedulerDecision,
-                          columns, unrolled)
+from kvscope.rows import (
+    RequestAllocations,
+    RequestEvent,
+    RequestTrace,
+    SchedulerDecision,
+    columns,
+    unrolled,
+)
 from kvscope.sinks.base import SinkManager
 from kvscope.store import query, schema
 from kvscope.store.sink import ClickHouseSink

@@ -9,8 +9,14 @@ from collections import Counter
 import pytest
 
 from kvscope.decisions.log import DecisionLog
-from kvscope.rows import (RequestAllocations, RequestEvent, RequestTrace, SchedulerDecision,
-                          StepStat, unrolled)
+from kvscope.rows import (
+    RequestAllocations,
+    RequestEvent,
+    RequestTrace,
+    SchedulerDecision,
+    StepStat,
+    unrolled,
+)
 from kvscope.sinks.base import SinkManager
 from kvscope.state.hub import Hub
 from kvscope.state.requests import RequestTracker

@@ -24,7 +24,8 @@ def test_the_hello_carries_what_is_off() -> None:
 def test_a_hello_from_an_older_probe_decodes_as_nothing_off() -> None:
     tag, body = wire.encode(frame([hello()]))
     raw = msgspec.msgpack.decode(body)  # records: the Frame's 6th field
-    raw[5][0] = raw[5][0][:-1]  # the Hello as a probe without ``disabled`` encodes it
+    fields = wire.Hello.__struct_fields__  # the Hello as a probe without ``disabled``
+    raw[5][0] = raw[5][0][:1 + fields.index("disabled")]  # (and what came after it) encodes it
     old = wire.decode([tag, msgspec.msgpack.encode(raw)]).records[0]
     assert isinstance(old, wire.Hello) and old.disabled == {} and old == hello()
 

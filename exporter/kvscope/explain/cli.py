@@ -28,10 +28,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "(e.g. 3600), or an epoch / ISO 8601 time (default 3600)")
     p.add_argument("--server", default="", help="with --worst: one vLLM server")
     p.add_argument("--format", choices=("text", "json"), default="text")
-    p.add_argument("--counterfactual", metavar="KEY:VALUE,...",
-                   help="the server's settings as kvscope whatif --baseline takes them (e.g. "
-                        "blocks:6250,block_size:16,max_seqs:256,budget:8192): replay the "
-                        "window around the request on the twin, gate it, then alternatives")
+    p.add_argument("--counterfactual", metavar="engine|KEY:VALUE,...",
+                   help="replay the window around the request on the twin under the "
+                        "server's settings, gate it, then alternatives: 'engine' for the "
+                        "settings the engine's probe reported (stored in engine_configs), or "
+                        "as kvscope whatif --baseline takes them (e.g. "
+                        "blocks:6250,block_size:16,max_seqs:256,budget:8192)")
     p.add_argument("--window", type=float, default=60.0, metavar="S",
                    help="with --counterfactual: seconds of arrivals before the request (60)")
     p.add_argument("--model", metavar="NAME|PATH", help="with --counterfactual: the served "

@@ -7,6 +7,10 @@ The window is every request of the same engine that arrived from ``window_s`` be
 one up to its end (saved query ``replay_traffic``), steps counted from the window's first
 arrival. Requests already running when the window opens are not in it: a short window can
 fail the gate for that reason, which the gate then says.
+
+The server's settings are given by hand (``kvscope whatif --baseline``'s syntax) or, with
+``ENGINE``, read from the store: the hello of the engine's probe session
+(``engine_configs``), rebuilt for the twin by ``kvscope.whatif.engine_settings``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from typing import Any
 from kvscope.store.query import SavedQuery, run_saved
 
 STEP_KEYS = ("arrival_step", "admitted_step", "finished_step")
+ENGINE = "engine"
+"""``baseline``: the engine's own settings, from its stored hello."""
 
 
 def window_records(client: Any, engine: str, server: str, since: float,
@@ -55,7 +61,10 @@ def counterfactual(client: Any, engine: str, server: str, rid: str, *, queued_ts
                    end_ts: float, baseline: str, window_s: float = 60.0,
                    model: dict[str, Any] | None = None, max_model_len: int = 1024,
                    seed: int = 0) -> dict[str, Any]:
-    """The gate and, when it passes, each alternative's outcome for ``rid``."""
+    """The gate and, when it passes, each alternative's outcome for ``rid``.
+    ``baseline``: the server's settings, or ``ENGINE`` for those its hello stated."""
+    from kvscope.explain.source import engine_config
+    from kvscope.whatif.engine_settings import NotReplayable, from_config
     from kvscope.whatif.measure import measure
     from kvscope.whatif.recorded import Fidelity, figures
     from kvscope.whatif.replay import load
@@ -64,10 +73,24 @@ def counterfactual(client: Any, engine: str, server: str, rid: str, *, queued_ts
     recs = window_records(client, engine, server, queued_ts - window_s, end_ts)
     index = next((i for i, r in enumerate(recs) if r["request_id"] == rid), None)
     errors: list[str] = []
+    settings = {"from": "given", "spec": baseline}
+    if baseline == ENGINE:
+        row = engine_config(client, engine, server, queued_ts)
+        if row is None:
+            return {"window": len(recs), "errors": [
+                "the store holds no settings of this engine (engine_configs: a sidecar "
+                "before it, or that table not written): give the settings by hand"]}
+        try:
+            got = from_config(row)
+        except NotReplayable as exc:
+            return {"window": len(recs), "errors": [str(exc)]}
+        baseline, max_model_len, model = got.spec, got.max_model_len, got.model
+        settings = {"from": "engine", "spec": baseline, "session": row["session"]}
     found = build({k: [] for k in KEYS}, [f"server={baseline}"], max_model_len=max_model_len,
                   bytes_per_token=1, errors=errors, model=model)
     if errors or index is None:
-        return {"window": len(recs), "errors": errors or [f"{rid} is not in the window"]}
+        return {"window": len(recs), "settings": settings,
+                "errors": errors or [f"{rid} is not in the window"]}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "window.json"
         path.write_text(json.dumps(recs, default=str))
@@ -78,7 +101,8 @@ def counterfactual(client: Any, engine: str, server: str, rid: str, *, queued_ts
     gate = Fidelity("server", figures(replay.records, m.usable_blocks),
                     figures(m.records, m.usable_blocks))
     recorded = replay.records[[r["request_id"] for r in replay.records].index(rid)]
-    out: dict[str, Any] = {"window": len(recs), "fidelity": gate.as_dict(),
+    out: dict[str, Any] = {"window": len(recs), "settings": settings,
+                           "max_model_len": max_model_len, "fidelity": gate.as_dict(),
                            "recorded": outcome(recorded), "server": outcome_of(m, twin_id),
                            "alternatives": []}
     if not gate.trusted:

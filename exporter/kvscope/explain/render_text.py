@@ -62,6 +62,10 @@ def engine_request(r: dict[str, Any]) -> list[str]:
 
 def counterfactual(cf: dict[str, Any]) -> list[str]:
     out = [f"  counterfactual: the {cf['window']} requests of the window replayed on the twin"]
+    if "settings" in cf:
+        where = ("as the engine's probe reported them" if cf["settings"]["from"] == "engine"
+                 else "as given")
+        out.append(f"    server's settings ({where}): {cf['settings']['spec']}")
     if "fidelity" not in cf:
         return out + [f"    not run: {'; '.join(cf['errors'])}"]
     fid = cf["fidelity"]

@@ -103,6 +103,22 @@ def layout_at(client: Any, engine: str, server: str, step: int) -> dict | None:
     return rows[0] if rows else None
 
 
+CONFIG_COLUMNS = ("ts", "session", "vllm_version", "num_blocks", "block_size",
+                  "kv_group_kinds", "kv_group_block_sizes", "kv_group_windows",
+                  "max_num_batched_tokens", "max_num_seqs", "max_model_len", "policy",
+                  "prefix_caching", "async_scheduling", "spec_tokens")
+
+
+def engine_config(client: Any, engine: str, server: str, at: float) -> dict | None:
+    """The engine's settings as its probe session's hello stated them: the latest
+    ``engine_configs`` row at or before ``at`` (epoch seconds), if any."""
+    rows = _rows(client, "SELECT {cols} FROM engine_configs WHERE engine = {e:String} AND "
+                         "server = {s:String} AND toFloat64(ts) <= {at:Float64} ORDER BY ts "
+                         "DESC LIMIT 1", {"e": engine, "s": server, "at": at + 0.001},
+                 CONFIG_COLUMNS)
+    return rows[0] if rows else None
+
+
 def worst(client: Any, n: int, since: float, server: str) -> list[dict]:
     """The ``n`` ended requests that lost the most seconds waiting to be admitted and
     preempted (resumed minus preempted times), most first."""

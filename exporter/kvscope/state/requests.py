@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from kvscope.rows import RequestEvent, RequestTrace, SchedulerDecision
+from kvscope.rows import EngineConfig, RequestEvent, RequestTrace, SchedulerDecision
 from kvscope.state.engine import EngineState, PreemptionSeen
 from kvscope.state.request_allocations import Allocations
 from kvscope.state.request_tables import Live, extend_table, set_table
@@ -52,6 +52,8 @@ class RequestTracker:
             self.live[st.key] = OrderedDict()
             self.prefilling[st.key] = set()
             self.rollups.forget(st.key)
+            if self.wants("engine_configs"):
+                self.emit(engine_config(st))
         elif kind == "step":
             self._step(st, payload)  # type: ignore[arg-type]
         elif kind == "preemption":
@@ -262,3 +264,18 @@ class RequestTracker:
         self.rollups.flush(hub_engines)
         for allocs in self.allocations.values():
             allocs.flush_all(self.emit)
+
+
+def engine_config(st: EngineState) -> EngineConfig:
+    """The ``engine_configs`` row of ``st``'s probe session, from its hello."""
+    h = st.hello
+    return EngineConfig(
+        ts=h.ts, model=h.model, engine=st.engine, server=st.server, session=h.session,
+        vllm_version=h.vllm_version, num_blocks=h.num_blocks, block_size=h.block_size,
+        kv_group_kinds=[g.kind for g in h.kv_groups],
+        kv_group_block_sizes=[g.block_size for g in h.kv_groups],
+        kv_group_windows=[g.sliding_window for g in h.kv_groups],
+        token_budget=h.token_budget, max_num_batched_tokens=h.max_num_batched_tokens,
+        max_num_seqs=h.max_num_seqs, max_model_len=h.max_model_len, policy=h.policy,
+        prefix_caching=h.prefix_caching, async_scheduling=h.async_scheduling,
+        spec_tokens=h.spec_tokens)

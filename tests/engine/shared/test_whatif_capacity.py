@@ -44,6 +44,7 @@ from kvscope.load.mix import LoadSpec, run_load_sync
 from kvscope.twin.config import TwinConfig
 from kvscope.whatif import cli as whatif
 from kvscope.whatif.concurrency import TRIALS
+from kvscope.whatif.engine_settings import from_config
 from kvscope.whatif.measure import measure
 from kvscope.whatif.recorded import FIGURES, figures
 from kvscope.whatif.replay import load
@@ -73,13 +74,18 @@ def drive(stack: EngineStack, spec: LoadSpec) -> tuple[float, float, float]:
     return since, time.time(), preemptions(stack) - before
 
 
+def saved_query(stack: EngineStack, name: str, *params: str) -> str:
+    """``kvscope query NAME --format json`` on the stopped sidecar's store."""
+    dsn = f"chdb://{stack.sidecar.workdir / 'data' / 'chdb'}"
+    return subprocess.run(
+        [sys.executable, "-m", "kvscope", "query", name, "--dsn", dsn,
+         *(a for p in params for a in ("--param", p)), "--format", "json"],
+        capture_output=True, text=True, timeout=120, check=True).stdout
+
+
 def export(stack: EngineStack, since: float, until: float, path: Path) -> list[dict[str, Any]]:
     """``kvscope query replay_traffic`` on the stopped sidecar's store, into ``path``."""
-    dsn = f"chdb://{stack.sidecar.workdir / 'data' / 'chdb'}"
-    out = subprocess.run(
-        [sys.executable, "-m", "kvscope", "query", "replay_traffic", "--dsn", dsn,
-         "--param", f"since={since}", "--param", f"until={until}", "--format", "json"],
-        capture_output=True, text=True, timeout=120, check=True).stdout
+    out = saved_query(stack, "replay_traffic", f"since={since}", f"until={until}")
     path.write_text(out)
     return json.loads(out)
 
@@ -93,7 +99,8 @@ def recorded(engine_stack: EngineStack, tmp_path_factory: pytest.TempPathFactory
     tmp = tmp_path_factory.mktemp("replay")
     return {"dir": tmp, "mixed_preemptions": mixed[2],
             "mixed": export(engine_stack, mixed[0], mixed[1], tmp / "mixed.json"),
-            "short": export(engine_stack, short[0], short[1], tmp / "short.json")}
+            "short": export(engine_stack, short[0], short[1], tmp / "short.json"),
+            "settings": json.loads(saved_query(engine_stack, "engine_settings"))}
 
 
 def whatif_run(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
@@ -135,6 +142,27 @@ def test_whatif_reports_its_error_against_the_server(
     record_property("fidelity", json.dumps(fid["figures"]))
     record_property("trusted", fid["trusted"])
     print("fidelity", json.dumps(fid))
+
+
+def test_the_servers_settings_are_rebuilt_from_its_hello_alone(
+        engine_stack: EngineStack, recorded: dict[str, Any],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The one probe session's ``engine_settings`` row (from the store alone) gives the
+    server's own flags, and whatif under them answers as under the flags typed by hand."""
+    (row,) = recorded["settings"]
+    spec = engine_stack.vllm.spec
+    got = from_config(row)
+    assert got.spec == (f"blocks:{spec.num_gpu_blocks},block_size:{spec.block_size},"
+                        f"max_seqs:{spec.max_num_seqs},budget:{spec.max_num_batched_tokens},"
+                        f"policy:{spec.scheduling_policy},prefix_caching:on,layout:full,"
+                        "async_scheduling:off,spec_tokens:0")
+    assert got.max_model_len == spec.max_model_len
+    path = str(recorded["dir"] / "mixed.json")
+    by_hand, from_hello = (
+        json.loads(whatif_run(capsys, "--replay", path, "--baseline", baseline,
+                              "--max-model-len", str(got.max_model_len), "--format", "json"))
+        for baseline in ("blocks:48", got.spec))
+    assert from_hello["fidelity"] == by_hand["fidelity"]
 
 
 def test_safe_concurrency_answer_and_the_first_wave_on_the_server(

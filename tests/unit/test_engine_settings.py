@@ -1,0 +1,98 @@
+"""A recorded engine's settings rebuilt for the twin (``kvscope.whatif.engine_settings``):
+the spec ``kvscope whatif --baseline`` takes, and a refusal with the reason wherever the
+twin would be answering for another engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from kvscope.state.hub import Hub
+from kvscope.state.requests import engine_config
+from kvscope.twin.config import TwinConfig
+from kvscope.whatif.engine_settings import NotReplayable, from_config
+from kvscope.whatif.settings import KEYS, build
+from kvscope_probe import wire
+from tests.unit.test_hub import keyframe
+from tests.unit.test_wire import frame, hello
+
+FULL = "FullAttentionSpec"
+SLIDING = "SlidingWindowSpec"
+
+
+def row(**over: Any) -> dict[str, Any]:
+    """An engine_configs row of a 6,250-block Llama-like server (one full group)."""
+    base: dict[str, Any] = {
+        "num_blocks": 6250, "block_size": 16, "kv_group_kinds": [FULL],
+        "kv_group_block_sizes": [16], "kv_group_windows": [0], "max_num_batched_tokens": 8192,
+        "max_num_seqs": 256, "max_model_len": 32768, "policy": "fcfs", "prefix_caching": True,
+        "async_scheduling": True, "spec_tokens": 0}
+    return base | over
+
+
+def config_of(got: Any) -> TwinConfig:
+    errors: list[str] = []
+    (setting,) = build({k: [] for k in KEYS}, [f"server={got.spec}"],
+                       max_model_len=got.max_model_len, bytes_per_token=1, errors=errors,
+                       model=got.model)
+    assert errors == []
+    return setting.config
+
+
+def test_a_32k_context_server_is_rebuilt_as_it_ran() -> None:
+    got = from_config(row())
+    assert got.spec == ("blocks:6250,block_size:16,max_seqs:256,budget:8192,policy:fcfs,"
+                        "prefix_caching:on,layout:full,async_scheduling:on,spec_tokens:0")
+    assert got.max_model_len == 32768
+    assert config_of(got) == TwinConfig(
+        block_size=16, num_blocks=6250, max_num_seqs=256, max_num_batched_tokens=8192,
+        max_model_len=32768, policy="fcfs", enable_prefix_caching=True, layout="full",
+        async_scheduling=True, num_speculative_tokens=0, max_position_embeddings=32768)
+
+
+def test_sliding_window_groups_carry_their_window() -> None:
+    got = from_config(row(kv_group_kinds=[SLIDING, SLIDING, FULL],
+                          kv_group_block_sizes=[16, 16, 16], kv_group_windows=[512, 512, 0],
+                          max_model_len=2048, async_scheduling=False, spec_tokens=2,
+                          policy="priority", prefix_caching=False))
+    cfg = config_of(got)
+    assert (cfg.layout, cfg.sliding_window, cfg.num_speculative_tokens, cfg.policy,
+            cfg.enable_prefix_caching, cfg.async_scheduling) == (
+        "full+sliding", 512, 2, "priority", False, False)
+    assert cfg.max_position_embeddings == 4096  # the twin's own bound where it is larger
+
+
+@pytest.mark.parametrize(("over", "why"), [
+    ({"kv_group_kinds": [SLIDING] * 5 + [FULL], "kv_group_block_sizes": [16] * 6,
+      "kv_group_windows": [1024] * 5 + [0]},
+     "KV cache groups (SlidingWindowSpec, SlidingWindowSpec, SlidingWindowSpec, "
+     "SlidingWindowSpec, SlidingWindowSpec, FullAttentionSpec) are not a layout"),
+    ({"kv_group_kinds": ["MLAAttentionSpec"]}, "(MLAAttentionSpec) are not a layout"),
+    ({"kv_group_kinds": ["MambaSpec", FULL], "kv_group_block_sizes": [528, 16],
+      "kv_group_windows": [0, 0]}, "block sizes [16, 528], the pool 16"),
+    ({"kv_group_kinds": [SLIDING, SLIDING, FULL], "kv_group_block_sizes": [16, 16, 16],
+      "kv_group_windows": [512, 4096, 0]}, "windows [512, 4096]"),
+    ({"max_model_len": 0}, "did not report max_model_len"),
+])
+def test_what_the_twin_cannot_build_is_refused_with_why(over: dict[str, Any],
+                                                         why: str) -> None:
+    with pytest.raises(NotReplayable) as info:
+        from_config(row(**over))
+    assert why in str(info.value)
+
+
+def test_a_hello_from_a_probe_before_the_settings_is_refused_not_guessed() -> None:
+    tag, body = wire.encode(frame([hello(max_model_len=1024, async_scheduling=True,
+                                         spec_tokens=2), keyframe()]))
+    raw = msgspec.msgpack.decode(body)  # records: the Frame's 6th field, the tag first
+    fields = wire.Hello.__struct_fields__
+    raw[5][0] = raw[5][0][:1 + fields.index("max_model_len")]  # as an older probe sends it
+    hub = Hub()
+    assert hub.accept([tag, msgspec.msgpack.encode(raw)])
+    row = engine_config(hub.engines["0"])
+    assert (row.max_model_len, row.async_scheduling, row.spec_tokens) == (0, False, 0)
+    assert row.kv_group_windows == [0]
+    with pytest.raises(NotReplayable, match="did not report max_model_len"):
+        from_config({f: getattr(row, f) for f in row.__slots__})
