@@ -1,8 +1,11 @@
 """Reading a real vLLM server and its sidecar in the engine tests: one sample of an
-exposition, the sidecar's summary of engine "0", waiting until it is in sync or quiet."""
+exposition, the sidecar's summary of engine "0", waiting until it is in sync or quiet, a
+saved query on a stopped sidecar's store."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -89,3 +92,13 @@ def wait_until_quiet(stack: EngineStack, timeout_s: float = 60.0) -> tuple[str, 
             pytest.fail(f"not quiet after {timeout_s:.0f} s: vLLM idle {vllm_idle}, sidecar "
                         f"idle {side_idle}; engine 0: {engine_summary(stack)}")
         time.sleep(0.25)
+
+
+def saved_query(stack: EngineStack, name: str, *params: str) -> str:
+    """``kvscope query NAME --format json`` on the stopped sidecar's embedded store, as a
+    user would run it (the store opens in one process at a time)."""
+    dsn = f"chdb://{stack.sidecar.workdir / 'data' / 'chdb'}"
+    return subprocess.run(
+        [sys.executable, "-m", "kvscope", "query", name, "--dsn", dsn,
+         *(a for p in params for a in ("--param", p)), "--format", "json"],
+        capture_output=True, text=True, timeout=120, check=True).stdout

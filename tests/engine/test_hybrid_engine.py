@@ -5,13 +5,16 @@ full-attention layers interleaved, window 64 tokens) makes vLLM build two KV cac
 over one block pool. Under a mixed load with random priorities and the priority policy,
 kvscope's preemption count must equal vLLM's ``vllm:num_preemptions_total``, its free
 blocks at idle must equal what vLLM's ``vllm:kv_cache_usage_perc`` implies, and the ledger
-must never disagree with a keyframe, five of which arrive every second.
+must never disagree with a keyframe, five of which arrive every second. Then, from the
+stopped sidecar's store alone (``kvscope query engine_settings``), the twin is rebuilt from
+the engine's hello and must build the very pool and KV cache groups the server built.
 
 This module starts its own server (and sidecar) under the machine-wide vLLM lock.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import httpx
@@ -21,12 +24,16 @@ from kvscope.load.mix import LoadSpec, run_load_sync
 from kvscope.localvllm.server import HOST, ServerSpec, VllmServer, free_port
 from kvscope.models.config import default_cache_dir
 from kvscope.models.tiny import make_tiny_model
+from kvscope.whatif.engine_settings import from_config
+from kvscope.whatif.settings import KEYS, build
+from kvscope_probe.identity import hello
 from tests.engine.conftest import EngineStack, SidecarProcess, running_stack
 from tests.engine.figures import (
     ENGINE,
     REASONS,
     assert_audit_clean,
     sample,
+    saved_query,
     wait_for_synced_engine,
     wait_until_quiet,
 )
@@ -99,3 +106,25 @@ def test_two_kv_groups_and_exact_counts_under_a_priority_load(
     assert_audit_clean(side_text, ENGINE)  # hybrid: vLLM's pool, sliding-window nulls too
     assert sample(side_text, "kvscope_ledger_synced", ENGINE) == 1
 
+    # The twin rebuilt from the stored hello alone builds the server's pool and groups.
+    stack.sidecar.stop()  # releases the embedded store
+    (row,) = json.loads(saved_query(stack, "engine_settings"))
+    assert row["kv_group_kinds"] == groups and row["num_blocks"] == NUM_BLOCKS
+    got = from_config(row)
+    errors: list[str] = []
+    (setting,) = build({k: [] for k in KEYS}, [f"server={got.spec}"],
+                       max_model_len=got.max_model_len, bytes_per_token=1, errors=errors,
+                       model=got.model)
+    assert errors == []
+    from kvscope.twin.engine import Twin
+
+    twin = hello(Twin(setting.config).scheduler)
+    assert [[g.kind, g.block_size, g.sliding_window] for g in twin.kv_groups] == [
+        list(g) for g in zip(row["kv_group_kinds"], row["kv_group_block_sizes"],
+                             row["kv_group_windows"], strict=True)]
+    assert (twin.num_blocks, twin.block_size, twin.max_num_seqs, twin.max_num_batched_tokens,
+            twin.max_model_len, twin.policy, twin.prefix_caching) == (
+        row["num_blocks"], row["block_size"], row["max_num_seqs"],
+        row["max_num_batched_tokens"], row["max_model_len"], row["policy"],
+        row["prefix_caching"])
+    record_property("rebuilt_from_hello", got.spec)

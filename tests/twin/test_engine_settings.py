@@ -2,7 +2,8 @@
 layout and scheduler the twin knows, reports itself through the probe's hello; the
 sidecar's ``engine_configs`` row of it, turned back into settings
 (``kvscope.whatif.engine_settings``), must give the very TwinConfig it was built from.
-This also checks ``LAYOUT_GROUPS`` against the groups vLLM's planner really builds."""
+This also checks ``LAYOUT_GROUPS`` against the groups vLLM's planner really builds, and
+that a twin given an engine's own groups (one stand-in layer a group) gets exactly them."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ import pytest
 
 from kvscope.state.requests import engine_config
 from kvscope.twin.config import LAYOUTS, TwinConfig
-from kvscope.whatif.engine_settings import LAYOUT_GROUPS, from_config
+from kvscope.whatif.engine_settings import GROUP_OF_SPEC, LAYOUT_GROUPS, from_config
 from kvscope.whatif.settings import KEYS, build
 
 pytestmark = pytest.mark.twin
+GROUP_SPEC = {group: spec for spec, group in GROUP_OF_SPEC.items()}
 
 CONFIGS = [  # every layout, and each other value at least once
     TwinConfig(layout="full", num_blocks=300, block_size=16, max_num_seqs=24,
@@ -26,20 +28,29 @@ CONFIGS = [  # every layout, and each other value at least once
                enable_prefix_caching=False, async_scheduling=True, num_speculative_tokens=1),
     TwinConfig(layout="mamba-hybrid", num_blocks=160, policy="priority"),
 ]
+GROUPED = [  # groups other than the stand-ins': a Gemma 3's 5:1, either order, two Mamba
+    TwinConfig(layout="full+sliding", groups=("sliding",) * 5 + ("full",), num_blocks=400),
+    TwinConfig(layout="full+sliding", groups=("full", "sliding"), num_blocks=200,
+               async_scheduling=True),
+    TwinConfig(layout="mamba-hybrid", groups=("mamba", "mamba", "full"), num_blocks=240),
+]
 
 
 def test_the_configs_cover_every_layout() -> None:
     assert sorted(c.layout for c in CONFIGS) == sorted(LAYOUTS) == sorted(LAYOUT_GROUPS)
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=[c.layout for c in CONFIGS])
+@pytest.mark.parametrize("cfg", CONFIGS + GROUPED,
+                         ids=[c.layout + "".join(f"-{g}" for g in c.groups)
+                              for c in CONFIGS + GROUPED])
 def test_a_twin_is_rebuilt_from_its_hello(cfg: TwinConfig) -> None:
     from kvscope.twin.probed import ProbedTwin
 
     pt = ProbedTwin(cfg)
     pt.drain()
     row = asdict(engine_config(pt.state))
-    assert row["kv_group_kinds"] == list(LAYOUT_GROUPS[cfg.layout])
+    kinds = [GROUP_SPEC[g] for g in cfg.groups] or list(LAYOUT_GROUPS[cfg.layout])
+    assert row["kv_group_kinds"] == kinds
     got = from_config(row)
     errors: list[str] = []
     (setting,) = build({k: [] for k in KEYS}, [f"server={got.spec}"],

@@ -13,7 +13,7 @@ from kvscope.state.hub import Hub
 from kvscope.state.requests import engine_config
 from kvscope.twin.config import TwinConfig
 from kvscope.whatif.engine_settings import NotReplayable, from_config
-from kvscope.whatif.settings import KEYS, build
+from kvscope.whatif.settings import KEYS, build, format_groups, parse_groups
 from kvscope_probe import wire
 from tests.unit.test_hub import keyframe
 from tests.unit.test_wire import frame, hello
@@ -64,12 +64,20 @@ def test_sliding_window_groups_carry_their_window() -> None:
     assert cfg.max_position_embeddings == 4096  # the twin's own bound where it is larger
 
 
+def test_a_gemma_3s_six_groups_are_kept_group_for_group() -> None:
+    got = from_config(row(kv_group_kinds=[SLIDING] * 5 + [FULL], kv_group_block_sizes=[16] * 6,
+                          kv_group_windows=[1024] * 5 + [0], max_model_len=8192))
+    assert "layout:full+sliding,groups:sliding*5+full,sliding_window:1024," in got.spec
+    cfg = config_of(got)
+    assert cfg.groups == ("sliding",) * 5 + ("full",) and cfg.sliding_window == 1024
+
+
 @pytest.mark.parametrize(("over", "why"), [
-    ({"kv_group_kinds": [SLIDING] * 5 + [FULL], "kv_group_block_sizes": [16] * 6,
-      "kv_group_windows": [1024] * 5 + [0]},
-     "KV cache groups (SlidingWindowSpec, SlidingWindowSpec, SlidingWindowSpec, "
-     "SlidingWindowSpec, SlidingWindowSpec, FullAttentionSpec) are not a layout"),
-    ({"kv_group_kinds": ["MLAAttentionSpec"]}, "(MLAAttentionSpec) are not a layout"),
+    ({"kv_group_kinds": ["MLAAttentionSpec"]}, "include MLAAttentionSpec: the twin builds"),
+    ({"kv_group_kinds": [SLIDING, SLIDING, FULL, FULL], "kv_group_block_sizes": [16] * 4,
+      "kv_group_windows": [512, 512, 0, 0]}, "not a grouping vLLM's planner makes"),
+    ({"kv_group_kinds": [FULL, FULL], "kv_group_block_sizes": [16, 16],
+      "kv_group_windows": [0, 0]}, "not a grouping vLLM's planner makes"),
     ({"kv_group_kinds": ["MambaSpec", FULL], "kv_group_block_sizes": [528, 16],
       "kv_group_windows": [0, 0]}, "block sizes [16, 528], the pool 16"),
     ({"kv_group_kinds": [SLIDING, SLIDING, FULL], "kv_group_block_sizes": [16, 16, 16],
@@ -96,3 +104,13 @@ def test_a_hello_from_a_probe_before_the_settings_is_refused_not_guessed() -> No
     assert row.kv_group_windows == [0]
     with pytest.raises(NotReplayable, match="did not report max_model_len"):
         from_config({f: getattr(row, f) for f in row.__slots__})
+
+
+def test_groups_are_checked_against_the_layout_and_read_back_as_written() -> None:
+    assert parse_groups("sliding*5+full") == ("sliding",) * 5 + ("full",)
+    assert format_groups(("mamba", "mamba", "full")) == "mamba*2+full"
+    assert parse_groups("") == ()
+    with pytest.raises(ValueError, match="full, sliding, mamba groups joined by"):
+        parse_groups("sliding+mla")
+    (error,) = TwinConfig(layout="full", groups=("sliding", "full")).validate()
+    assert error == "groups must be full groups for layout full, got sliding+full."

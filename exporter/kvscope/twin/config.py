@@ -17,6 +17,13 @@ full attention only (Llama); sliding-window and full-attention layers interleave
 (Gemma 2/3, gpt-oss); sliding window only (Mistral 7B v0.1); Mamba and full-attention
 layers (Jamba, Nemotron-H, granite-4.0-h)."""
 
+GROUP_KINDS = ("full", "sliding", "mamba")
+"""What one KV cache group of ``TwinConfig.groups`` can be."""
+LAYOUT_KINDS: dict[Layout, frozenset[str]] = {
+    "full": frozenset({"full"}), "full+sliding": frozenset({"full", "sliding"}),
+    "sliding": frozenset({"sliding"}), "mamba-hybrid": frozenset({"mamba", "full"}),
+}
+
 BLOCK_SIZE_MULTIPLE = 16
 """vLLM's attention backends take block sizes that are multiples of 16 (CUDA, ROCm) or
 32 (the CPU backend). The twin runs no attention, so it accepts the looser rule."""
@@ -63,6 +70,13 @@ class TwinConfig:
     '{"method": "draft_model", "num_speculative_tokens": N}'``); N > 0 also reserves N
     lookahead slots in every allocation. 0: no speculative decoding."""
 
+    groups: tuple[str, ...] = ()
+    """The KV cache groups of a served model, one kind each (``full``, ``sliding``,
+    ``mamba``) in vLLM's order, when they are not the layout's stand-in model's (a Gemma 3
+    of five sliding-window groups and one full one): the twin builds one layer per group,
+    which vLLM's planner groups back into exactly these. Empty: the layout's stand-in.
+    Read from an engine's hello by ``kvscope.whatif.engine_settings``."""
+
     max_position_embeddings: int = MAX_POSITION_EMBEDDINGS
     """The served model's context (its config.json), which bounds ``max_model_len``: the
     tiny model's by default, a user's model's with ``kvscope whatif --model``."""
@@ -73,6 +87,8 @@ class TwinConfig:
         parts = [self.layout]
         if self.layout in ("full+sliding", "sliding"):
             parts[0] += f" (window {self.sliding_window} tokens)"
+        if self.groups:
+            parts[0] += f", groups {'+'.join(self.groups)}"
         parts.append("AsyncScheduler" if self.async_scheduling else "Scheduler")
         if self.num_speculative_tokens:
             parts.append(f"{self.num_speculative_tokens} draft tokens/step")
@@ -107,6 +123,10 @@ class TwinConfig:
             )
         if self.layout not in LAYOUTS:
             errors.append(f"layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}.")
+        elif self.groups and (set(self.groups) - set(GROUP_KINDS)
+                              or set(self.groups) != LAYOUT_KINDS[self.layout]):
+            errors.append(f"groups must be {' and '.join(sorted(LAYOUT_KINDS[self.layout]))} "
+                          f"groups for layout {self.layout}, got {'+'.join(self.groups)}.")
         if self.sliding_window < 1:
             errors.append(f"sliding_window must be at least 1, got {self.sliding_window}.")
         if self.num_speculative_tokens < 0:

@@ -45,7 +45,8 @@ block-allocation decision depends on it, so the twin names the common one."""
 
 
 def layer_specs(cfg: TwinConfig, config: VllmConfig) -> dict[str, KVCacheSpec]:
-    """One vLLM ``KVCacheSpec`` per layer of ``cfg.layout``'s stand-in model."""
+    """One vLLM ``KVCacheSpec`` per layer of ``cfg.layout``'s stand-in model, or one per
+    group of ``cfg.groups``."""
     model = llama_config()
     attention = {
         "block_size": cfg.block_size,
@@ -53,7 +54,7 @@ def layer_specs(cfg: TwinConfig, config: VllmConfig) -> dict[str, KVCacheSpec]:
         "head_size": model["head_dim"],
         "dtype": torch.float32,
     }
-    kinds = LAYERS[cfg.layout]
+    kinds = cfg.groups or LAYERS[cfg.layout]
     if "mamba" in kinds:
         # What vLLM runs for a Mamba-hybrid architecture: the Mamba cache mode ("align"
         # with prefix caching, else "none") and the Mamba block size follow from it.

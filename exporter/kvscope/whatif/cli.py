@@ -48,6 +48,8 @@ _AXIS_HELP = {
     "policy": "fcfs or priority (default fcfs)",
     "prefix_caching": "on or off (default on)",
     "layout": f"the model's KV layout: {', '.join(LAYOUTS)} (default full)",
+    "groups": "the model's KV cache groups when not the layout's stand-in's, e.g. "
+              "sliding*5+full (a Gemma 3); as kvscope query engine_settings lists them",
     "sliding_window": "tokens a sliding-window layer attends to (default 128)",
     "async_scheduling": "on: vLLM's AsyncScheduler, one step in flight (default off)",
     "spec_tokens": "draft tokens per step of a draft-model speculator (default 0)",

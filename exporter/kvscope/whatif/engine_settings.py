@@ -4,21 +4,27 @@ window under, with nothing typed by hand.
 
 The pool (blocks, block size), the scheduler's limits (max_num_seqs, the token budget,
 max_model_len, policy, prefix caching), its kind (``AsyncScheduler`` or not) and the
-speculative tokens come across as they are. The KV layout must be one the twin builds
-(``kvscope.twin.kv_layout``), group for group: the kinds of the engine's KV cache groups in
-order, one block size, one sliding window. Anything else is refused with the reason, never
-matched to the nearest layout: a Gemma 3 of five sliding-window groups and one full group
-allocates six tables a request where the twin's ``full+sliding`` allocates three, and a
-replay under it would answer for another engine.
+speculative tokens come across as they are, and so do the KV cache groups, group for group:
+the twin builds one stand-in layer per group (``TwinConfig.groups``) where the engine's
+groups are not a layout's own stand-in's, and vLLM's planner groups those layers back into
+exactly the engine's groups (it makes the least numerous kind of layer one group, so a
+layer per group is a group per layer: a Gemma 3's five sliding-window groups and one full
+group stay six tables a request). What the twin cannot build is refused with the reason,
+never matched to the nearest: a kind of group it has no stand-in for (MLA, chunked local
+attention, ...), groups of several block sizes or sliding windows, or a grouping vLLM's
+planner does not make.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kvscope.models.config import MAX_POSITION_EMBEDDINGS
+from kvscope.twin.config import LAYOUT_KINDS
+from kvscope.whatif.settings import format_groups
 
 LAYOUT_GROUPS: dict[str, tuple[str, ...]] = {
     "full": ("FullAttentionSpec",),
@@ -34,6 +40,11 @@ class NotReplayable(ValueError):
     """The engine's settings cannot be rebuilt on the twin (the message says why)."""
 
 
+GROUP_OF_SPEC = {"FullAttentionSpec": "full", "SlidingWindowSpec": "sliding",
+                 "MambaSpec": "mamba"}
+"""The KV cache spec classes the twin has a stand-in layer for."""
+
+
 @dataclass(frozen=True)
 class EngineSettings:
     """A recorded engine's settings in the terms ``kvscope whatif`` takes."""
@@ -45,20 +56,30 @@ class EngineSettings:
     """TwinConfig fields beyond the spec (the model's context: at least max_model_len)."""
 
 
-def layout_of(kinds: list[str]) -> str:
-    """The twin layout whose groups are exactly ``kinds``, else NotReplayable."""
+def layout_of(kinds: list[str]) -> tuple[str, tuple[str, ...]]:
+    """(twin layout, ``TwinConfig.groups``) for KV cache groups of spec classes ``kinds``:
+    groups ``()`` where they are the layout's stand-in's. NotReplayable otherwise."""
+    unknown = sorted({k for k in kinds if k not in GROUP_OF_SPEC})
+    if unknown or not kinds:
+        raise NotReplayable(f"the engine's KV cache groups ({', '.join(kinds) or 'none'}) "
+                            f"include {', '.join(unknown) or 'none'}: the twin builds "
+                            f"{', '.join(GROUP_OF_SPEC)} groups only")
     for layout, groups in LAYOUT_GROUPS.items():
         if tuple(kinds) == groups:
-            return layout
-    raise NotReplayable(f"the engine's KV cache groups ({', '.join(kinds) or 'none'}) are "
-                        "not a layout the twin builds (" + "; ".join(
-                            f"{name}: {', '.join(g)}" for name, g in LAYOUT_GROUPS.items())
-                        + ")")
+            return layout, ()
+    short = tuple(GROUP_OF_SPEC[k] for k in kinds)
+    counts = Counter(short)
+    layout = next((name for name, ks in LAYOUT_KINDS.items() if set(counts) == ks), None)
+    if layout is None or len(counts) == 1 or min(counts.values()) != 1:
+        raise NotReplayable(f"the engine's KV cache groups ({', '.join(kinds)}) are not a "
+                            "grouping vLLM's planner makes of a model the twin can stand in "
+                            "for (one kind of layer is one group; mamba goes with full)")
+    return layout, short
 
 
 def from_config(row: Mapping[str, Any]) -> EngineSettings:
     """Settings from one ``engine_configs`` row (or a dict of its columns)."""
-    layout = layout_of(list(row["kv_group_kinds"]))
+    layout, groups = layout_of(list(row["kv_group_kinds"]))
     sizes = set(row["kv_group_block_sizes"])
     if sizes != {row["block_size"]}:
         raise NotReplayable(f"the engine's KV cache groups have block sizes {sorted(sizes)}, "
@@ -77,6 +98,8 @@ def from_config(row: Mapping[str, Any]) -> EngineSettings:
              ("max_seqs", row["max_num_seqs"]), ("budget", row["max_num_batched_tokens"]),
              ("policy", row["policy"]), ("prefix_caching", on[bool(row["prefix_caching"])]),
              ("layout", layout)]
+    if groups:
+        pairs.append(("groups", format_groups(groups)))
     if windows:
         pairs.append(("sliding_window", windows.pop()))
     pairs += [("async_scheduling", on[bool(row["async_scheduling"])]),

@@ -16,7 +16,7 @@ from typing import Any
 
 from kvscope.whatif.measure import Measurement
 from kvscope.whatif.recorded import FIGURES, LABELS, Fidelity
-from kvscope.whatif.settings import Setting
+from kvscope.whatif.settings import Setting, format_groups
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,8 @@ def record(s: Setting, m: Measurement) -> dict[str, Any]:
         "num_blocks": c.num_blocks, "usable_kv_tokens": (c.num_blocks - 1) * c.block_size,
         "max_num_seqs": c.max_num_seqs, "max_num_batched_tokens": c.max_num_batched_tokens,
         "policy": c.policy, "prefix_caching": c.enable_prefix_caching,
-        "layout": c.layout, "sliding_window": c.sliding_window,
+        "layout": c.layout, "groups": format_groups(c.groups),
+        "sliding_window": c.sliding_window,
         "async_scheduling": c.async_scheduling,
         "num_speculative_tokens": c.num_speculative_tokens,
         "requests": m.requests, "finished": m.finished,
@@ -72,7 +73,8 @@ ROWS: list[Row] = [
     ("policy", lambda r: r["policy"]),
     ("prefix caching", lambda r: "on" if r["prefix_caching"] else "off"),
     ("KV layout", lambda r: r["layout"] + (f" ({r['sliding_window']})" if "sliding"
-                                           in r["layout"] else "")),
+                                           in r["layout"] else "")
+     + (f" {r['groups']}" if r.get("groups") else "")),
     ("scheduler", lambda r: ("async" if r["async_scheduling"] else "sync")
      + (f" +{r['num_speculative_tokens']} drafts" if r["num_speculative_tokens"] else "")),
     ("", lambda r: ""),

@@ -18,11 +18,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kvscope.models.config import llama_config
-from kvscope.twin.config import LAYOUTS, POLICIES, TwinConfig
+from kvscope.twin.config import GROUP_KINDS, LAYOUTS, POLICIES, TwinConfig
 
 CAPACITY_KEYS = ("blocks", "kv_tokens", "kv_bytes")
 KEYS = ("block_size", *CAPACITY_KEYS, "max_seqs", "budget", "policy", "prefix_caching",
-        "layout", "sliding_window", "async_scheduling", "spec_tokens")
+        "layout", "groups", "sliding_window", "async_scheduling", "spec_tokens")
 MAX_SETTINGS = 32
 _BOOLS = {"on": True, "true": True, "yes": True, "1": True,
           "off": False, "false": False, "no": False, "0": False}
@@ -67,6 +67,25 @@ def _layout(text: str) -> str:
     return text
 
 
+def parse_groups(text: str) -> tuple[str, ...]:
+    """``"sliding*5+full"`` -> five ``sliding`` groups then one ``full``; ``""`` -> ()."""
+    out: list[str] = []
+    for part in filter(None, (p.strip() for p in text.split("+"))):
+        kind, star, times = part.partition("*")
+        n = _positive(times) if star else 1
+        if kind.strip() not in GROUP_KINDS:
+            raise ValueError(f"must be {', '.join(GROUP_KINDS)} groups joined by + (a "
+                             f"run as kind*N), got {text!r}")
+        out += [kind.strip()] * n
+    return tuple(out)
+
+
+def format_groups(groups: tuple[str, ...]) -> str:
+    """What ``parse_groups`` reads back: runs of one kind as ``kind*N``."""
+    runs = [(k, len(list(g))) for k, g in itertools.groupby(groups)]
+    return "+".join(k if n == 1 else f"{k}*{n}" for k, n in runs)
+
+
 def _count(text: str) -> int:
     try:
         value = int(text)
@@ -86,7 +105,7 @@ def _bool(text: str) -> bool:
 PARSERS: dict[str, Callable[[str], Any]] = {
     "block_size": _positive, "blocks": _positive, "kv_tokens": _positive,
     "kv_bytes": parse_bytes, "max_seqs": _positive, "budget": _positive,
-    "policy": _policy, "prefix_caching": _bool, "layout": _layout,
+    "policy": _policy, "prefix_caching": _bool, "layout": _layout, "groups": parse_groups,
     "sliding_window": _positive, "async_scheduling": _bool, "spec_tokens": _count,
 }
 
@@ -114,6 +133,7 @@ def _config(raw: dict[str, str], base: TwinConfig, bytes_per_token: int,
     cfg = replace(base, block_size=values["block_size"], max_num_seqs=values["max_seqs"],
                   max_num_batched_tokens=values["budget"], policy=values["policy"],
                   enable_prefix_caching=values["prefix_caching"], layout=values["layout"],
+                  groups=values["groups"],
                   sliding_window=values["sliding_window"],
                   async_scheduling=values["async_scheduling"],
                   num_speculative_tokens=values["spec_tokens"])
@@ -176,7 +196,8 @@ def build(axes: dict[str, list[str]], named: list[str], *, max_model_len: int,
     defaults = {"block_size": str(base.block_size), "max_seqs": str(base.max_num_seqs),
                 "budget": str(base.max_num_batched_tokens), "policy": base.policy,
                 "prefix_caching": "on" if base.enable_prefix_caching else "off",
-                "layout": base.layout, "sliding_window": str(base.sliding_window),
+                "layout": base.layout, "groups": format_groups(base.groups),
+                "sliding_window": str(base.sliding_window),
                 "async_scheduling": "on" if base.async_scheduling else "off",
                 "spec_tokens": str(base.num_speculative_tokens)}
     given = [k for k in CAPACITY_KEYS if axes.get(k)]

@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -48,7 +46,7 @@ from kvscope.whatif.engine_settings import from_config
 from kvscope.whatif.measure import measure
 from kvscope.whatif.recorded import FIGURES, figures
 from kvscope.whatif.replay import load
-from tests.engine.figures import ENGINE, sample
+from tests.engine.figures import ENGINE, sample, saved_query
 
 if TYPE_CHECKING:
     from tests.engine.conftest import EngineStack
@@ -72,15 +70,6 @@ def drive(stack: EngineStack, spec: LoadSpec) -> tuple[float, float, float]:
     assert result.ok == spec.n_requests, result.errors
     time.sleep(1.0)  # the last step's stats reach /metrics
     return since, time.time(), preemptions(stack) - before
-
-
-def saved_query(stack: EngineStack, name: str, *params: str) -> str:
-    """``kvscope query NAME --format json`` on the stopped sidecar's store."""
-    dsn = f"chdb://{stack.sidecar.workdir / 'data' / 'chdb'}"
-    return subprocess.run(
-        [sys.executable, "-m", "kvscope", "query", name, "--dsn", dsn,
-         *(a for p in params for a in ("--param", p)), "--format", "json"],
-        capture_output=True, text=True, timeout=120, check=True).stdout
 
 
 def export(stack: EngineStack, since: float, until: float, path: Path) -> list[dict[str, Any]]:
