@@ -98,6 +98,34 @@ THREADS = (("_ingest_loop", "ingest"), ("LayoutSampler._run", "layout sampler"),
            ("DecisionLog._run", "decision log"), ("Server.run", "http"))
 
 
+def os_threads(pid: int) -> dict[int, tuple[str, float]]:
+    """Each thread of ``pid``: (its OS name, CPU seconds so far). Python's threads share
+    the process's name; the embedded chDB's native threads have names of their own, so
+    this shows what py-spy (Python stacks only) cannot: ClickHouse's own work."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, tuple[str, float]] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            comm = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rpartition(")")[2].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        out[int(task.name)] = (comm, (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def cpu_by_thread_name(before: dict[int, tuple[str, float]],
+                       after: dict[int, tuple[str, float]], pid: int) -> dict[str, float]:
+    """CPU seconds between two ``os_threads`` readings by thread name (the process's own
+    name, for its Python threads, as "python"); threads that ended meanwhile are missed."""
+    main = after.get(pid, before.get(pid, ("", 0.0)))[0]
+    by: Counter[str] = Counter()
+    for tid, (comm, cpu) in after.items():
+        name = "python" if comm == main else comm.rstrip("0123456789")
+        by[name] += cpu - before.get(tid, (comm, 0.0))[1]
+    return {k: round(v, 3) for k, v in by.most_common() if v > 0}
+
+
 def thread_of(names: set[str]) -> str:
     """Which sidecar thread a stack is from, by its thread's entry function (py-spy
     names threads by ID only)."""
@@ -160,7 +188,7 @@ def measure(args: argparse.Namespace, variant: str, work: Path, label: str,
         engines = start_engines(args, endpoint, variant)
         rows0 = rows_written(side.url)
         spy = profile(side.pid, vdir / "pyspy.txt") if args.py_spy else None
-        c0, t0 = side.cpu_seconds(), time.monotonic()
+        c0, t0, th0 = side.cpu_seconds(), time.monotonic(), os_threads(side.pid)
         for p in engines:
             p.stdin.write("\n")
             p.stdin.flush()
@@ -173,7 +201,7 @@ def measure(args: argparse.Namespace, variant: str, work: Path, label: str,
             if all(seen[e].get("steps", 0) >= n for e, n in want.items()):
                 break
             time.sleep(0.05)
-        c1, t1 = side.cpu_seconds(), time.monotonic()
+        c1, t1, th1 = side.cpu_seconds(), time.monotonic(), os_threads(side.pid)
         rss = rss_kib(side.pid)
         rows1 = rows_written(side.url)
         if spy is not None:
@@ -203,6 +231,7 @@ def measure(args: argparse.Namespace, variant: str, work: Path, label: str,
         "gaps": sum(s.get("ledger_gaps", 0) for s in seen.values()),
         "dropped": sum(s.get("probe_records_dropped", 0) for s in seen.values()),
         "metrics_lines": len(metrics),
+        "cpu_s_by_os_thread": cpu_by_thread_name(th0, th1, side.pid),
     }
     if spy is not None and (vdir / "pyspy.txt").exists():
         out["py_spy"] = breakdown(vdir / "pyspy.txt")
@@ -241,6 +270,7 @@ def main() -> None:
               f"{sum(r['rows_per_s_per_engine'].values()):10.0f} "
               f"{r['rss_per_engine_kib'] / 1024:11.1f} {r['mismatches']:4d} {r['gaps']:4d} "
               f"{r['dropped']:4d}", flush=True)
+        print("  CPU s by OS thread:", r["cpu_s_by_os_thread"])
         if "py_spy" in r:
             print("  py-spy threads:", r["py_spy"]["threads"])
             print("  py-spy inclusive:", r["py_spy"]["inclusive"])
