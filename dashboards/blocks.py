@@ -19,10 +19,16 @@ ENGINE_SERIES = 'vllm_scheduler_running_requests{job="kvscope"}'
 """Exported for probe-fed and coarse (vLLM /metrics only) engines alike."""
 
 
-def engine_variables(cfg: Config, *, all_: bool = True) -> list[db.QueryVariable]:
+def engine_variables(cfg: Config, *, all_: bool = True,
+                     all_servers: bool = False) -> list[db.QueryVariable]:
+    """``$server``, ``$engine`` and ``$model``. A per-engine dashboard shows one server's
+    engines at most (``all_servers`` False: no All for the server): on All of a thousand
+    engines its panels drew 3,000 series and took Prometheus 2.4 s to evaluate
+    (benchmarks/fleet_prometheus.py); the fleet dashboard, which reads the fleet rules,
+    is the one for every engine at once."""
     series = ENGINE_SERIES.replace('job="kvscope"', cfg.job)
     return [
-        p.label_values("server", "Server", series, all_=all_,
+        p.label_values("server", "Server", series, all_=all_ and all_servers,
                        description="vLLM server: its API server's host:port, or "
                                    "KVSCOPE_SERVER."),
         p.label_values("engine", "Engine", series.replace("}", ', server=~"$server"}'),

@@ -23,7 +23,8 @@ BUCKETS = ((None, 0.05), (0.05, 0.2), (0.2, 0.5), (0.5, None))
 def build(cfg: Config) -> p.Board:
     b = p.Board(cfg, cfg.uids.fleet, "kvscope / Fleet",
                 "Every engine at once: the fleet's pool, its worst engines, its silent probes.")
-    b.variables(p.datasource("prometheus", "Prometheus"), *engine_variables(cfg),
+    b.variables(p.datasource("prometheus", "Prometheus"),
+                *engine_variables(cfg, all_servers=True),
                 p.custom("top", "Top", ["5", "10", "20", "50"], "10",
                          "Rows of the top lists."))
     b.row("Fleet now").add(*now(cfg))
