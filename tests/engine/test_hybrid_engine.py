@@ -25,7 +25,6 @@ from kvscope.localvllm.server import HOST, ServerSpec, VllmServer, free_port
 from kvscope.models.config import default_cache_dir
 from kvscope.models.tiny import make_tiny_model
 from kvscope.whatif.engine_settings import from_config
-from kvscope.whatif.settings import KEYS, build
 from kvscope_probe.identity import hello
 from tests.engine.conftest import EngineStack, SidecarProcess, running_stack
 from tests.engine.figures import (
@@ -111,14 +110,9 @@ def test_two_kv_groups_and_exact_counts_under_a_priority_load(
     (row,) = json.loads(saved_query(stack, "engine_settings"))
     assert row["kv_group_kinds"] == groups and row["num_blocks"] == NUM_BLOCKS
     got = from_config(row)
-    errors: list[str] = []
-    (setting,) = build({k: [] for k in KEYS}, [f"server={got.spec}"],
-                       max_model_len=got.max_model_len, bytes_per_token=1, errors=errors,
-                       model=got.model)
-    assert errors == []
     from kvscope.twin.engine import Twin
 
-    twin = hello(Twin(setting.config).scheduler)
+    twin = hello(Twin(got.config()).scheduler)
     assert [[g.kind, g.block_size, g.sliding_window] for g in twin.kv_groups] == [
         list(g) for g in zip(row["kv_group_kinds"], row["kv_group_block_sizes"],
                              row["kv_group_windows"], strict=True)]

@@ -14,7 +14,6 @@ import pytest
 from kvscope.state.requests import engine_config
 from kvscope.twin.config import LAYOUTS, TwinConfig
 from kvscope.whatif.engine_settings import GROUP_OF_SPEC, LAYOUT_GROUPS, from_config
-from kvscope.whatif.settings import KEYS, build
 
 pytestmark = pytest.mark.twin
 GROUP_SPEC = {group: spec for spec, group in GROUP_OF_SPEC.items()}
@@ -51,13 +50,7 @@ def test_a_twin_is_rebuilt_from_its_hello(cfg: TwinConfig) -> None:
     row = asdict(engine_config(pt.state))
     kinds = [GROUP_SPEC[g] for g in cfg.groups] or list(LAYOUT_GROUPS[cfg.layout])
     assert row["kv_group_kinds"] == kinds
-    got = from_config(row)
-    errors: list[str] = []
-    (setting,) = build({k: [] for k in KEYS}, [f"server={got.spec}"],
-                       max_model_len=got.max_model_len, bytes_per_token=1, errors=errors,
-                       model=got.model)
-    assert errors == []
-    rebuilt = setting.config
+    rebuilt = from_config(row).config()
     if cfg.layout not in ("full+sliding", "sliding"):  # no sliding group: no window to read
         rebuilt = replace(rebuilt, sliding_window=cfg.sliding_window)
     assert rebuilt == cfg

@@ -13,7 +13,7 @@ from kvscope.state.hub import Hub
 from kvscope.state.requests import engine_config
 from kvscope.twin.config import TwinConfig
 from kvscope.whatif.engine_settings import NotReplayable, from_config
-from kvscope.whatif.settings import KEYS, build, format_groups, parse_groups
+from kvscope.whatif.settings import format_groups, parse_groups
 from kvscope_probe import wire
 from tests.unit.test_hub import keyframe
 from tests.unit.test_wire import frame, hello
@@ -32,21 +32,12 @@ def row(**over: Any) -> dict[str, Any]:
     return base | over
 
 
-def config_of(got: Any) -> TwinConfig:
-    errors: list[str] = []
-    (setting,) = build({k: [] for k in KEYS}, [f"server={got.spec}"],
-                       max_model_len=got.max_model_len, bytes_per_token=1, errors=errors,
-                       model=got.model)
-    assert errors == []
-    return setting.config
-
-
 def test_a_32k_context_server_is_rebuilt_as_it_ran() -> None:
     got = from_config(row())
     assert got.spec == ("blocks:6250,block_size:16,max_seqs:256,budget:8192,policy:fcfs,"
                         "prefix_caching:on,layout:full,async_scheduling:on,spec_tokens:0")
     assert got.max_model_len == 32768
-    assert config_of(got) == TwinConfig(
+    assert got.config() == TwinConfig(
         block_size=16, num_blocks=6250, max_num_seqs=256, max_num_batched_tokens=8192,
         max_model_len=32768, policy="fcfs", enable_prefix_caching=True, layout="full",
         async_scheduling=True, num_speculative_tokens=0, max_position_embeddings=32768)
@@ -57,7 +48,7 @@ def test_sliding_window_groups_carry_their_window() -> None:
                           kv_group_block_sizes=[16, 16, 16], kv_group_windows=[512, 512, 0],
                           max_model_len=2048, async_scheduling=False, spec_tokens=2,
                           policy="priority", prefix_caching=False))
-    cfg = config_of(got)
+    cfg = got.config()
     assert (cfg.layout, cfg.sliding_window, cfg.num_speculative_tokens, cfg.policy,
             cfg.enable_prefix_caching, cfg.async_scheduling) == (
         "full+sliding", 512, 2, "priority", False, False)
@@ -68,7 +59,7 @@ def test_a_gemma_3s_six_groups_are_kept_group_for_group() -> None:
     got = from_config(row(kv_group_kinds=[SLIDING] * 5 + [FULL], kv_group_block_sizes=[16] * 6,
                           kv_group_windows=[1024] * 5 + [0], max_model_len=8192))
     assert "layout:full+sliding,groups:sliding*5+full,sliding_window:1024," in got.spec
-    cfg = config_of(got)
+    cfg = got.config()
     assert cfg.groups == ("sliding",) * 5 + ("full",) and cfg.sliding_window == 1024
 
 

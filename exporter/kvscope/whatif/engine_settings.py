@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvscope.models.config import MAX_POSITION_EMBEDDINGS
-from kvscope.twin.config import LAYOUT_KINDS
-from kvscope.whatif.settings import format_groups
+from kvscope.twin.config import LAYOUT_KINDS, TwinConfig
+from kvscope.whatif.settings import KEYS, build, format_groups
 
 LAYOUT_GROUPS: dict[str, tuple[str, ...]] = {
     "full": ("FullAttentionSpec",),
@@ -54,6 +54,17 @@ class EngineSettings:
     max_model_len: int
     model: dict[str, Any]
     """TwinConfig fields beyond the spec (the model's context: at least max_model_len)."""
+
+    def config(self) -> TwinConfig:
+        """The TwinConfig these settings build; NotReplayable with every reason where the
+        twin refuses them (a pool vLLM would not start with, say)."""
+        errors: list[str] = []
+        found = build({k: [] for k in KEYS}, [f"server={self.spec}"],
+                      max_model_len=self.max_model_len, bytes_per_token=1, errors=errors,
+                      model=self.model)
+        if errors:
+            raise NotReplayable("; ".join(errors))
+        return found[0].config
 
 
 def layout_of(kinds: list[str]) -> tuple[str, tuple[str, ...]]:
