@@ -193,11 +193,14 @@ def gpu_and_engine_process(cfg: Config) -> list[p.Panel]:
         p.graph("GPU memory",
                 "NVML, per GPU of the sidecar's host. Absent without a GPU (the sidecar logs "
                 "why once).",
-                p.prom(f"kvscope_gpu_memory_used_bytes{gpu}", "GPU {{gpu}} used"),
-                p.prom(f"kvscope_gpu_memory_total_bytes{gpu}", "GPU {{gpu}} total"),
+                p.prom(cfg.on_sidecars(f"kvscope_gpu_memory_used_bytes{gpu}"),
+                       "GPU {{gpu}} used"),
+                p.prom(cfg.on_sidecars(f"kvscope_gpu_memory_total_bytes{gpu}"),
+                       "GPU {{gpu}} total"),
                 unit="bytes", w=8),
         p.graph("GPU utilization", "Busy fraction over NVML's last sample period.",
-                p.prom(f"kvscope_gpu_utilization_ratio{gpu}", "GPU {{gpu}} {{name}}"),
+                p.prom(cfg.on_sidecars(f"kvscope_gpu_utilization_ratio{gpu}"),
+                       "GPU {{gpu}} {{name}}"),
                 unit="percentunit", w=8, minimum=0, maximum=1),
         p.graph("Engine process CPU and memory",
                 "The EngineCore process, when it runs on the sidecar's host. Right axis: "

@@ -103,9 +103,9 @@ def traffic_and_duplicates(cfg: Config) -> list[p.Panel]:
                 "one (the event never arrived); label values refused a series.",
                 p.prom(client_rate(cfg, "kvscope_client_traces_joined_total", "job"), "joined"),
                 p.prom(client_rate(cfg, "kvscope_client_traces_unjoined_total", "job"), "unjoined"),
-                p.prom(f"sum by (label) (increase("
-                       f"{cfg.m('kvscope_client_label_overflow_total', engine=False)}"
-                       "[$__rate_interval]))", "overflow {{label}}"),
+                p.prom("sum by (label) (" + cfg.on_sidecars(
+                    f"increase({cfg.m('kvscope_client_label_overflow_total', engine=False)}"
+                    "[$__rate_interval])") + ")", "overflow {{label}}"),
                 unit="ops", w=24, h=6),
     ]
 

@@ -48,3 +48,11 @@ class Config:
 
     def m(self, metric: str, *matchers: str, engine: bool = True) -> str:
         return series(metric) + self.sel(*matchers, engine=engine)
+
+    def on_sidecars(self, expr: str) -> str:
+        """``expr``, a sidecar's own series (no engine labels: sinks, receiver, clients,
+        GPUs), kept only for the sidecars that serve the selected engines: one scrape
+        target exports both, so they share ``instance``. Without it a per-engine panel
+        summed every sidecar of the fleet (1,000 spool series for one engine picked)."""
+        engines = self.m("vllm_scheduler_running_requests")
+        return f"({expr} and on(instance) {engines})"

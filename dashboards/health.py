@@ -11,7 +11,7 @@ from dashboards.promql import increase, rate
 
 def probe_health(cfg: Config) -> list[p.Panel]:
     """kvscope's own health, probe side: connected, in sync, its cost, its records."""
-    m, job = cfg.m, cfg.sel(engine=False)
+    m = cfg.m
     return [
         p.graph("Probe connected and ledger in sync",
                 "1 while the probe sent a record within the health timeout; 1 while the "
@@ -28,7 +28,7 @@ def probe_health(cfg: Config) -> list[p.Panel]:
         p.graph("Records received, dropped, rejected",
                 "Probe records the receiver accepted; records the probe dropped rather than "
                 "block vLLM; frames refused by reason.",
-                p.prom(f"sum(rate(kvscope_probe_records_received_total{job}[$__rate_interval]))",
+                p.prom(rate(cfg, "kvscope_probe_records_received_total", "job", engine=False),
                        "received"),
                 p.prom(rate(cfg, "kvscope_probe_records_dropped_total"), ID + " dropped"),
                 p.prom(rate(cfg, "kvscope_probe_frames_rejected_total", "reason", engine=False),
@@ -62,15 +62,16 @@ def sink_health(cfg: Config) -> list[p.Panel]:
                 unit="ops", w=8),
         p.graph("Sink spool", "Bytes waiting in the on-disk spool. Right axis: age of the "
                 "oldest row the store has not acknowledged.",
-                p.prom(f"kvscope_sink_spool_bytes{job}", "{{sink}} spool"),
-                p.prom(f"kvscope_sink_oldest_unsent_age_seconds{job}", "{{sink}} oldest age"),
+                p.prom(cfg.on_sidecars(f"kvscope_sink_spool_bytes{job}"), "{{sink}} spool"),
+                p.prom(cfg.on_sidecars(f"kvscope_sink_oldest_unsent_age_seconds{job}"),
+                       "{{sink}} oldest age"),
                 unit="bytes", w=8, right="/age/", right_unit="s"),
     ]
 
 
 def vllm_health(cfg: Config) -> list[p.Panel]:
     """Reconciliation with vLLM's own /metrics, and the scrapes that feed it."""
-    m, job = cfg.m, cfg.sel(engine=False)
+    m = cfg.m
     return [
         p.graph("Reconciliation with vLLM's /metrics",
                 "With kvscope serve --vllm-url: kvscope's preemptions minus vLLM's, and free "
@@ -80,9 +81,8 @@ def vllm_health(cfg: Config) -> list[p.Panel]:
                 p.prom(m("kvscope_reconciliation_free_blocks_diff"), ID + " free blocks"),
                 p.prom(m("kvscope_engine_coarse"), ID + " coarse")),
         p.graph("Scrapes of vLLM's /metrics", "With kvscope serve --vllm-url.",
-                p.prom(f"sum(rate(kvscope_vllm_scrapes_total{job}[$__rate_interval]))",
-                       "scrapes"),
-                p.prom(f"sum(rate(kvscope_vllm_scrape_errors_total{job}[$__rate_interval]))",
+                p.prom(rate(cfg, "kvscope_vllm_scrapes_total", "job", engine=False), "scrapes"),
+                p.prom(rate(cfg, "kvscope_vllm_scrape_errors_total", "job", engine=False),
                        "errors"),
                 unit="ops"),
     ]

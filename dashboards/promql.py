@@ -9,9 +9,10 @@ from dashboards.config import Config
 def rate(cfg: Config, counter: str, by: str = "server, engine", *matchers: str,
          engine: bool = True) -> str:
     """``sum by (by) (rate(counter{selector}[$__rate_interval]))``; ``engine=False`` for
-    series without the engine labels (the sidecar's own, the clients')."""
-    sel = cfg.m(counter, *matchers, engine=engine)
-    return f"sum by ({by}) (rate({sel}[$__rate_interval]))"
+    series without the engine labels (the sidecar's own, the clients'), which are then
+    those of the sidecars serving the selected engines (``Config.on_sidecars``)."""
+    got = f"rate({cfg.m(counter, *matchers, engine=engine)}[$__rate_interval])"
+    return f"sum by ({by}) ({got if engine else cfg.on_sidecars(got)})"
 
 
 def increase(cfg: Config, counter: str) -> str:
