@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -101,18 +102,40 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(SkipGuard(config), "kvscope-skip-guard")
 
 
-VLLM_SERVER_GROUP = "vllm-server"
+ENGINE_TESTS = "tests/engine/"
+"""Where every test marked ``engine`` (a real vLLM server) lives: ``xdist_group`` below
+groups them by this path, so it is checked at collection."""
+
+
+def xdist_group(nodeid: str) -> str:
+    """The unit of work of the README's ``pytest -n 2 --dist loadgroup``: every engine test
+    in one group, so one worker runs them in turn (their machine-wide vLLM lock would make
+    them wait anyway, and the shared server package starts its server once); every other
+    module a group of its own (its fixtures start once)."""
+    path = nodeid.split("::", 1)[0]
+    return "vllm-server" if path.startswith(ENGINE_TESTS) else path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` by ``xdist_group``. pytest-xdist's own reads ``xdist_group``
+    marks by renaming each test's node ID, which pytest 9 no longer lets it do: every test
+    was then its own unit (modules' fixtures set up on both workers, engine tests waiting
+    on each other's vLLM lock on both). Other ``--dist`` modes stay xdist's."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid)
+
+    return ByGroup(config, log)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Groups for pytest-xdist's ``--dist loadgroup`` (the README's command runs on both
-    cores): every test that starts a real vLLM server (marked ``engine``) in one group, so
-    one worker runs them in turn, as their machine-wide lock would make them wait anyway,
-    and their shared server fixtures start once; every other module a group of its own, so
-    a module's fixtures start once. Without xdist the markers change nothing."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
-        group = (VLLM_SERVER_GROUP if item.get_closest_marker("engine") is not None
-                 else item.nodeid.split("::", 1)[0])
-        item.add_marker(pytest.mark.xdist_group(group))
+    """Every test marked ``engine`` must live under ``ENGINE_TESTS`` (``xdist_group``)."""
+    stray = [item.nodeid for item in items if item.get_closest_marker("engine") is not None
+             and not item.nodeid.startswith(ENGINE_TESTS)]
+    if stray:
+        raise pytest.UsageError(f"tests marked engine outside {ENGINE_TESTS}: {stray}")

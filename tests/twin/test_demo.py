@@ -253,30 +253,3 @@ def test_ctrl_c_mid_run_stops_everything(tmp_path: Path) -> None:
     finally:
         demo.kill()
     assert_gone(pids)
-
-
-@pytest.mark.engine
-def test_demo_against_a_real_vllm_server(tmp_path: Path) -> None:
-    """``--engine vllm``: the probe and the middleware inside a real vLLM server (~40 s)."""
-    from tests.engine.conftest import vllm_machine_lock
-
-    with vllm_machine_lock():
-        demo = Demo(tmp_path, "--engine", "vllm", "--requests", "40")
-        try:
-            demo.wait_for(r"\(Ctrl-C to stop\)", 400)
-            text = demo.text()
-            assert "40/40 requests answered (0 failed)" in text, text
-            pids = demo.descendants()
-            with httpx.Client(base_url=demo.base, timeout=10, trust_env=False) as http:
-                m = Scrape(http.get("/metrics").text)
-            assert m.value("kvscope_reconciliation_preemptions_diff") == 0, text
-            assert m.total("kvscope_client_requests_total") == 40
-            ended = m.total("vllm_scheduler_requests_ended_total")
-            assert ended >= 38  # the probe may drop records on a loaded machine, and says so
-            assert m.total("kvscope_client_traces_joined_total") == ended
-            assert "reconciliation    kvscope's preemption count minus vLLM's own" in text
-            demo.proc.send_signal(signal.SIGINT)
-            assert demo.finish(60) == 130, demo.text()
-        finally:
-            demo.kill()
-        assert_gone(pids)
