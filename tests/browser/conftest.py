@@ -85,6 +85,10 @@ def serve(fed: Fed) -> Iterator[Callable[[str | None], Served]]:
     servers: list[tuple[uvicorn.Server, threading.Thread]] = []
 
     def start(token: str | None = None) -> Served:
+        # A live sidecar samples its (here idle) engine every second: without this the
+        # session's sample was as old as the fixture, and the page said "sample 16 s ago"
+        # instead of "live" when this module ran later on its xdist worker.
+        fed.sampler.tick()
         port = free_port()
         server = uvicorn.Server(uvicorn.Config(build_app(fed, token), host="127.0.0.1",
                                                port=port, log_level="warning"))
