@@ -52,8 +52,11 @@ def seed(dsn: str, work: Path) -> None:
 
 
 def tables(client: Any, db: str) -> dict[str, list[tuple[str, str]]]:
+    """Each stored table's columns (views, such as request_events_all, read those)."""
     rows = client.query("SELECT table, name, type FROM system.columns WHERE database = "
-                        "{db:String} ORDER BY table, position", parameters={"db": db}).result_rows
+                        "{db:String} AND table IN (SELECT name FROM system.tables WHERE "
+                        "database = {db:String} AND engine LIKE '%MergeTree') "
+                        "ORDER BY table, position", parameters={"db": db}).result_rows
     out: dict[str, list[tuple[str, str]]] = {}
     for table, name, typ in rows:
         out.setdefault(table, []).append((name, typ))
