@@ -10,13 +10,10 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as db
 
 from dashboards import panels as p
-from dashboards.config import Config
+from dashboards.config import ENGINE_METRIC, Config
 from dashboards.health import probe_health, sink_health, vllm_health
 from dashboards.panels import ID
 from dashboards.promql import rate
-
-ENGINE_SERIES = 'vllm_scheduler_running_requests{job="kvscope"}'
-"""Exported for probe-fed and coarse (vLLM /metrics only) engines alike."""
 
 
 def engine_variables(cfg: Config, *, all_: bool = True,
@@ -26,7 +23,7 @@ def engine_variables(cfg: Config, *, all_: bool = True,
     engines its panels drew 3,000 series and took Prometheus 2.4 s to evaluate
     (benchmarks/fleet_prometheus.py); the fleet dashboard, which reads the fleet rules,
     is the one for every engine at once."""
-    series = ENGINE_SERIES.replace('job="kvscope"', cfg.job)
+    series = f"{ENGINE_METRIC}{{{cfg.job}}}"
     return [
         p.label_values("server", "Server", series, all_=all_ and all_servers,
                        description="vLLM server: its API server's host:port, or "

@@ -12,6 +12,10 @@ from alerts.config import Config as AlertsConfig
 from alerts.config import Dashboards
 from kvscope.metric_table import series
 
+ENGINE_METRIC = "vllm_scheduler_running_requests"
+"""Exported for probe-fed and coarse (vLLM /metrics only) engines alike: the series the
+engine variables and the sidecar scoping read."""
+
 CLICKHOUSE_TYPE = "grafana-clickhouse-datasource"
 """Plugin ID of Grafana's official ClickHouse datasource (v4 query model)."""
 CLICKHOUSE_PLUGIN_VERSION = "4.5.1"
@@ -54,5 +58,5 @@ class Config:
         GPUs), kept only for the sidecars that serve the selected engines: one scrape
         target exports both, so they share ``instance``. Without it a per-engine panel
         summed every sidecar of the fleet (1,000 spool series for one engine picked)."""
-        engines = self.m("vllm_scheduler_running_requests")
+        engines = self.m(ENGINE_METRIC)
         return f"({expr} and on(instance) {engines})"

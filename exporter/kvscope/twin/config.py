@@ -123,8 +123,7 @@ class TwinConfig:
             )
         if self.layout not in LAYOUTS:
             errors.append(f"layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}.")
-        elif self.groups and (set(self.groups) - set(GROUP_KINDS)
-                              or set(self.groups) != LAYOUT_KINDS[self.layout]):
+        elif self.groups and set(self.groups) != LAYOUT_KINDS[self.layout]:
             errors.append(f"groups must be {' and '.join(sorted(LAYOUT_KINDS[self.layout]))} "
                           f"groups for layout {self.layout}, got {'+'.join(self.groups)}.")
         if self.sliding_window < 1:
