@@ -202,7 +202,8 @@ SINK_METRICS: tuple[Declared, ...] = (
     Declared("kvscope_sink_oldest_unsent_age_seconds", GAUGE, ("sink",),
              "Age of the oldest row a sink took but its store has not acknowledged (0: none)."),
     Declared("kvscope_sink_connected", GAUGE, ("sink",),
-             "1 when a sink's last delivery attempt succeeded."),
+             "1 when a sink's last attempt to reach its store (a batch, or an idle check "
+             "every 30 s) succeeded; 0 before the first."),
 )
 """What ``kvscope.sinks.metrics``' collector exports."""
 METRICS = SIDECAR_METRICS + SINK_METRICS

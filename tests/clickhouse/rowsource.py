@@ -25,7 +25,7 @@ def trace(i: int, ts: float | None = None) -> RequestTrace:
 
 class SwitchableStore:
     """Imitates a ClickHouse server that goes away and comes back: while ``down`` is set,
-    connecting and inserting raise the OperationalError clickhouse-connect raises for a
+    connecting, inserting and commands raise the OperationalError clickhouse-connect raises for a
     refused connection; otherwise calls go to a real chDB client."""
 
     def __init__(self, connect: Any) -> None:
@@ -51,6 +51,10 @@ class _Proxy:
         self._store._refuse()
         self._store.inserts += 1
         return self._client.raw_insert(*args, **kwargs)
+
+    def command(self, *args: Any, **kwargs: Any) -> Any:
+        self._store._refuse()
+        return self._client.command(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)

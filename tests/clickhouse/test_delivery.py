@@ -121,6 +121,43 @@ def test_unreachable_server_then_restart_on_the_store(store: Any, database: str,
     assert count(store, "request_traces") == 1500
 
 
+def test_an_idle_sink_reports_its_store_as_it_is(store: Any, database: str, chdb_dsn: str,
+                                               tmp_path: Path) -> None:
+    """`connected` is what the sink last saw of its store, rows or none: 0 before it has
+    looked, 0 within a check when the store is down at start (an idle engine sends no row),
+    1 when it is up, and it follows the store while no row flows."""
+    dsn = f"http://127.0.0.1:{closed_port()}/{database}"
+    opts = replace(FAST, check_interval_s=0.2)
+    down = sink_for(dsn, database, tmp_path / "down", options=opts)
+    try:
+        assert down.stats().connected is False  # nothing seen yet
+        wait_for(lambda: down.stats().errors >= 1, "a check of the closed port")
+        st = down.stats()
+        assert st.connected is False and "Connection refused" in st.last_error
+        assert st.spool_batches == 0 and not any(st.rows_written.values())
+    finally:
+        down.close(0.5)
+    flaky = SwitchableStore(lambda: clickhouse_connect.get_client(dsn=chdb_dsn))
+    up = sink_for(chdb_dsn, database, tmp_path / "up", options=opts, connect=flaky.connect)
+    try:
+        wait_for(lambda: up.stats().connected, "the first check of a reachable store")
+        assert up.stats().errors == 0
+        flaky.down.set()
+        wait_for(lambda: not up.stats().connected, "an idle check to see the store go")
+        flaky.down.clear()
+        wait_for(lambda: up.stats().connected, "an idle check to see it back")
+        assert not any(up.stats().rows_written.values())
+    finally:
+        assert up.close(5)
+
+
+def wait_for(ok: Any, what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ok():
+        assert time.monotonic() < deadline, f"waited {timeout_s:.0f} s for {what}"
+        time.sleep(0.02)
+
+
 def test_dsn_credentials_never_shown() -> None:
     t = Target.parse("https://admin:hunter2@ch.example:8443/prod?password=hunter2")
     assert "hunter2" not in t.safe and t.database == "prod"

@@ -26,7 +26,8 @@ def decision(i: int, event: str = "preempt", engine: str = "0") -> SchedulerDeci
 
 class FakeLoki:
     """Stands in for Loki's push endpoint: keeps entries as Loki does (one per stream,
-    timestamp and line), and answers 503 while ``down``."""
+    timestamp and line), answers a push of no streams 422 as Loki 3.2 on does, and 503
+    while ``down``."""
 
     def __init__(self) -> None:
         self.down = False
@@ -41,7 +42,11 @@ class FakeLoki:
             if self.down:
                 return Response(status_code=503)
             self.headers = dict(request.headers)
-            for s in (await request.json())["streams"]:
+            streams = (await request.json())["streams"]
+            if not streams:
+                return Response(status_code=422, content=b"error at least one valid stream "
+                                b"is required for ingestion")
+            for s in streams:
                 labels = json.dumps(s["stream"], sort_keys=True)
                 for ts, line in s["values"]:
                     self.entries.add((labels, ts, line))
@@ -97,3 +102,28 @@ def test_an_outage_spools_and_replays_every_decision_once(tmp_path: Path) -> Non
     assert loki.headers.get("x-scope-orgid") == "team-a"
     stats = sink.stats()
     assert sum(stats.rows_written.values()) == 60 and sum(stats.rows_dropped.values()) == 0
+
+
+def test_an_idle_sink_reports_whether_loki_answers(tmp_path: Path) -> None:
+    opts = DeliveryOptions(batch_interval_s=0.1, backoff_initial_s=0.05, backoff_max_s=0.2,
+                           fsync=False, check_interval_s=0.1)
+    with FakeLoki() as loki:
+        sink = LokiSink(f"http://127.0.0.1:{loki.port}", str(tmp_path / "spool"), options=opts)
+        try:
+            assert sink.stats().connected is False  # nothing seen yet
+            wait(lambda: sink.stats().connected, "the first look at Loki")
+            loki.down = True
+            wait(lambda: not sink.stats().connected, "a look to see Loki answer 503")
+            assert sink.stats().last_error.startswith("HTTPStatusError pushing to http")
+            loki.down = False
+            wait(lambda: sink.stats().connected, "a look to see it back")
+        finally:
+            sink.close(5)
+    assert not loki.entries and sum(sink.stats().rows_written.values()) == 0
+
+
+def wait(ok: Any, what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ok():
+        assert time.monotonic() < deadline, f"waited {timeout_s:.0f} s for {what}"
+        time.sleep(0.02)

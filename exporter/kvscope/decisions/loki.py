@@ -63,7 +63,7 @@ class LokiSink:
                            policy=self.options.spool_policy, fsync=self.options.fsync)
         self.delivery = Delivery(self.name, ["scheduler_decisions"],
                                  lambda _t, rows: push_payload(rows), self._send, self.spool,
-                                 self.options, describe=self.describe)
+                                 self.options, describe=self.describe, check=self._check)
         self.delivery.start()
 
     def describe(self, exc: BaseException) -> str:
@@ -74,6 +74,16 @@ class LokiSink:
         if resp.status_code in (400, 413) and attempt >= 4:
             raise BatchRejected(f"Loki refused the batch: HTTP {resp.status_code}")
         resp.raise_for_status()
+
+    def _check(self) -> None:
+        """A push of no streams: Loki answers 204 (before 3.2) or 422 "missing streams"
+        (grafana/loki#13706) once the request has passed its gateway and tenant checks."""
+        resp = self._http.post(f"{self.url}{PUSH_PATH}", content=b'{"streams":[]}',
+                               headers=self.headers)
+        if resp.status_code not in (204, 422):
+            resp.raise_for_status()
+            raise httpx.HTTPStatusError(f"HTTP {resp.status_code}", request=resp.request,
+                                        response=resp)
 
     def accepts(self, table: str) -> bool:
         return table == "scheduler_decisions"

@@ -90,5 +90,6 @@ class SinkStats:
     queued_rows: int
     """Rows in memory, not yet spooled."""
     connected: bool
-    """The last delivery attempt succeeded (or none was needed yet)."""
+    """The sink's last attempt to reach its store (a batch, or an idle check) succeeded;
+    False before the first."""
     last_error: str = ""

@@ -34,6 +34,8 @@ Encode = Callable[[str, list[Any]], bytes]
 """Turns one table's rows into the bytes that are spooled and sent."""
 Send = Callable[[SpooledBatch, bytes, int], None]
 """Delivers one batch (its spooled bytes, the attempt number from 0); raises on failure."""
+Check = Callable[[], None]
+"""Reaches the store without sending rows (connect, a trivial query); raises on failure."""
 
 
 @dataclass
@@ -47,9 +49,10 @@ class Delivery:
 
     def __init__(self, name: str, tables: list[str], encode: Encode, send: Send, spool: Spool,
                  options: DeliveryOptions, *,
-                 describe: Callable[[BaseException], str] = repr) -> None:
+                 describe: Callable[[BaseException], str] = repr,
+                 check: Check | None = None) -> None:
         self.name, self.encode, self.send, self.spool, self.opt = name, encode, send, spool, options
-        self.describe = describe
+        self.describe, self.check = describe, check
         self.queues: dict[str, deque[Any]] = {t: deque() for t in tables}
         self.buffers: dict[str, _Buffer] = {t: _Buffer() for t in tables}
         # Each counter has one writing thread, and every table's key exists from the start,
@@ -60,7 +63,7 @@ class Delivery:
         self.rejected: Counter[str] = Counter(dict.fromkeys(tables, 0))  # sending thread
         self.spool_errors = 0
         self.send_errors = 0
-        self.connected = True
+        self.connected = False  # nothing seen of the store yet
         self.last_error = ""
         self._wake = threading.Event()
         self._spooled = threading.Event()
@@ -151,12 +154,17 @@ class Delivery:
     def _send_loop(self) -> None:
         backoff = Backoff(self.opt.backoff_initial_s, self.opt.backoff_max_s)
         attempts: tuple[int, int] = (0, 0)  # (seq, failed attempts) of the head batch
+        look_at = time.monotonic() if self.check else float("inf")  # the next idle look
         while not self._stop.is_set():
             batch = self.spool.take()
             if batch is None:
-                self._spooled.wait(0.5)
+                if time.monotonic() >= look_at:
+                    look_at = time.monotonic() + self._look(backoff)
+                self._spooled.wait(min(0.5, max(0.0, look_at - time.monotonic())))
                 self._spooled.clear()
                 continue
+            if self.check:
+                look_at = time.monotonic() + self.opt.check_interval_s
             tries = attempts[1] if attempts[0] == batch.seq else 0
             try:
                 self.send(batch, self.spool.read(batch), tries)
@@ -177,11 +185,25 @@ class Delivery:
                 continue
             self.spool.done(batch)
             self.written[batch.table] += batch.rows
-            if not self.connected:
-                log.warning("%s: store reachable again; %d batches left to replay", self.name,
-                            len(self.spool))
-            self.connected = True
-            backoff.reset()
+            self._reached(backoff)
+
+    def _look(self, backoff: Backoff) -> float:
+        """Reach the store with no batch to send (at start, on an idle night, and while it
+        is away at the backoff's pace); returns the seconds until the next look."""
+        try:
+            self.check()  # type: ignore[misc]
+        except Exception as exc:  # noqa: BLE001 - a failed look is a failed attempt
+            self._failed(exc, len(self.spool))
+            return backoff.next()
+        self._reached(backoff)
+        return self.opt.check_interval_s
+
+    def _reached(self, backoff: Backoff) -> None:
+        if not self.connected and (self.send_errors or len(self.spool)):
+            log.warning("%s: store reachable again; %d batches left to replay", self.name,
+                        len(self.spool))
+        self.connected = True
+        backoff.reset()
 
     def _failed(self, exc: BaseException, spooled: int) -> None:
         self.send_errors += 1

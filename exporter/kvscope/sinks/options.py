@@ -26,6 +26,9 @@ class DeliveryOptions:
     backoff_max_s: float = 30.0
     fsync: bool = True
     """fsync each spooled batch (off only for benchmarks and tests)."""
+    check_interval_s: float = 30.0
+    """While no batch is waiting, look at the store this often (and once at start), so that
+    ``connected`` says how the store is on an idle night too."""
 
     def validate(self) -> list[str]:
         errors = []
@@ -41,6 +44,8 @@ class DeliveryOptions:
             errors.append("spool_policy must be drop_oldest or drop_newest")
         if not 0 < self.backoff_initial_s <= self.backoff_max_s:
             errors.append("backoff must satisfy 0 < initial <= max")
+        if self.check_interval_s <= 0:
+            errors.append("check_interval_s must be positive")
         return errors
 
 

@@ -109,7 +109,8 @@ class ClickHouseSink:
         made = schema.table_names()
         self.tables = frozenset(t for t in TABLES if t in made)
         self.delivery = Delivery(self.name, sorted(self.tables), arrow.encode, self._send,
-                                 self.spool, self.options, describe=self.describe)
+                                 self.spool, self.options, describe=self.describe,
+                                 check=self._check)
         self.delivery.start()
 
     # -- the Sink protocol ---------------------------------------------------------------
@@ -176,6 +177,14 @@ class ClickHouseSink:
             except Exception:  # noqa: BLE001, S110 - it is being discarded
                 pass
             self._client = None
+
+    def _check(self) -> None:
+        try:
+            self.client().command("SELECT 1")
+        except Exception:
+            with self._lock:
+                self._drop_client()  # connect afresh on the next attempt
+            raise
 
     def _send(self, batch: SpooledBatch, payload: bytes, attempt: int) -> None:
         if batch.table not in self.tables:  # spooled by a version with other tables
