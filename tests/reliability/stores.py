@@ -5,10 +5,10 @@ process may hold another):
 
 python -m tests.reliability.stores CHDB_DIR [NEEDLE ...]
 
-prints one JSON object: per stored table (not view) of the kvscope database its row count, its distinct
-request IDs (when it has the column) and its duplicate rows; and per needle, every
-(table, column, rows) whose value, as text, contains it. Every column of every table is
-searched, whatever its type.
+prints one JSON object: per stored table (not view) of the kvscope database its row
+count, its distinct request IDs (when it has the column) and its duplicate rows; and per
+needle, every (table, column, rows) whose value, as text, contains it. Every column of
+every table is searched, whatever its type.
 """
 
 from __future__ import annotations
