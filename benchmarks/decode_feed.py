@@ -122,6 +122,9 @@ def main() -> None:
     p.add_argument("--engine", default="")
     p.add_argument("--wait", action="store_true")
     p.add_argument("--jobs", default="", help="JSON list of jobs to fork (see fork_runs)")
+    p.add_argument("--interval", type=float, default=0.0, help="seconds between steps")
+    p.add_argument("--hold-s", type=float, default=0.0,
+                   help="after the run, print its result and stay connected, idle, this long")
     args = p.parse_args()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     if args.engine:
@@ -131,10 +134,14 @@ def main() -> None:
         return
     if args.probe:
         load_probe(args.probe)
-    out = run_engine(args.running, args.pool, args.warm, args.steps, args.wait)
+    out = run_engine(args.running, args.pool, args.warm, args.steps, args.wait, args.interval)
+    if args.hold_s:  # an idle engine: its requests stay, no step, the probe heartbeats
+        print(json.dumps(out), flush=True)
+        time.sleep(args.hold_s)
     if args.probe:
         stop_probe()
-    print(json.dumps(out), flush=True)
+    if not args.hold_s:
+        print(json.dumps(out), flush=True)
 
 
 if __name__ == "__main__":

@@ -116,6 +116,8 @@ class Snapshot:
     """Bytes this snapshot adds to the history (0 when it shares its runs)."""
     server: str = ""
     """The engine's server label (EngineState.server)."""
+    preemptions: int = 0
+    """Preemptions the sidecar had counted for this session (every reason)."""
 
     @property
     def key(self) -> str:
@@ -170,13 +172,15 @@ class EngineCopy:
     tokens: dict[str, int]
     budget_utilization: float | None
     server: str = ""
+    preemptions: int = 0
 
     @classmethod
     def of(cls, st: EngineState) -> EngineCopy:
         led = st.ledger
         return cls(st.hello, st.counters.steps, st.last_step, bytes(led.states),
                    {r: [list(g) for g in t] for r, t in led.tables.items()},
-                   dict(led.tokens), st.budget_utilization(), st.server)
+                   dict(led.tokens), st.budget_utilization(), st.server,
+                   sum(st.counters.preemptions.values()))
 
 
 def build_snapshot(c: EngineCopy, ts: float) -> Snapshot:
@@ -211,5 +215,5 @@ def build_snapshot(c: EngineCopy, ts: float) -> Snapshot:
         budget_utilization=c.budget_utilization,
         running=last.running if last else 0, waiting=last.waiting if last else 0,
         cost=runs.nbytes + sum(96 + 16 * sum(len(t.runs) for t in o.groups) for o in owners)
-        + 256, server=c.server,
+        + 256, server=c.server, preemptions=c.preemptions,
     )

@@ -46,6 +46,7 @@ class ServeConfig:
     loki_url: str | None = field(default=default("loki_url"), repr=False)
     loki_tenant: str | None = default("loki_tenant")
     layout_interval_s: float = default("layout_interval_s")
+    layout_store_interval_s: float = default("layout_store_interval_s")
     tls_cert: str | None = default("tls_cert")
     tls_key: str | None = field(default=default("tls_key"), repr=False)
     hash_key_file: str | None = default("hash_key_file")
@@ -105,6 +106,8 @@ class ServeConfig:
             errors.append("ClickHouse TTL must be at least 1 day")
         if not 0.05 <= self.layout_interval_s <= 3600:
             errors.append("layout interval must be between 0.05 and 3600 seconds")
+        if not 0.05 <= self.layout_store_interval_s <= 86400:
+            errors.append("layout store interval must be between 0.05 and 86400 seconds")
         if self.decision_log_max_bytes < 4096:
             errors.append("decision log rotation size must be at least 4096 bytes")
         if bool(self.tls_cert) != bool(self.tls_key):

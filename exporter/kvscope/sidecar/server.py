@@ -15,6 +15,7 @@ from kvscope.explain.api import explain_router
 from kvscope.layout.api import layout_router
 from kvscope.layout.history import clickhouse_history, layout_rows, to_row
 from kvscope.layout.sampler import LayoutSampler
+from kvscope.layout.store_cadence import StoreCadence
 from kvscope.rows import RequestTrace
 from kvscope.sidecar.config import ServeConfig
 from kvscope.sidecar.exposition.gpu import GpuReader
@@ -73,6 +74,7 @@ class Sidecar:
         )
         self.layout = LayoutSampler(self.hub, interval_s=cfg.layout_interval_s)
         self.layout.subscribe(self._layout_rows)
+        self.layout_cadence = StoreCadence(cfg.layout_store_interval_s)
         history = clickhouse_history(store.client, store.database) if store else None
         self.app.include_router(layout_router(self.hub, self.layout, history))
         self.app.include_router(explain_router(store.reader if store else None))
@@ -86,8 +88,9 @@ class Sidecar:
     def _layout_rows(self, snap: Any) -> None:
         # A snapshot's row is three lists of one entry per block: built only for a store.
         if self.sinks.wants("layout_snapshots"):
-            for r in layout_rows(snap):
-                self.sinks.emit(to_row(r))
+            for kept in self.layout_cadence.pick(snap):
+                for r in layout_rows(kept):
+                    self.sinks.emit(to_row(r))
 
     def _route(self, row: object) -> None:
         """Traces wait for their client event; every other row goes straight out."""
