@@ -95,9 +95,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("layout_interval_s", "KVSCOPE_LAYOUT_INTERVAL_S", "--layout-interval", float,
             1.0, "`1`", "seconds between layout samples per engine"),
     Setting("layout_store_interval_s", "KVSCOPE_LAYOUT_STORE_INTERVAL_S",
-            "--layout-store-interval", float, 10.0, "`10`",
-            "seconds between the layout samples kept in ClickHouse per engine; the samples "
-            "on either side of a preemption are kept too, an unchanged pool once in 5 min"),
+            "--layout-store-interval", float, 60.0, "`60`",
+            "seconds between the layout samples kept in ClickHouse per engine; the two "
+            "samples around a preemption are kept too (a pair in 10 s at most), an unchanged "
+            "pool once in 5 min"),
     Setting("loki_url", "KVSCOPE_LOKI_URL", "--loki-url", str, None, "none",
             "also push decisions to Loki's HTTP API (spooled and replayed like ClickHouse "
             "rows)"),

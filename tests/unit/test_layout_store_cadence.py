@@ -37,15 +37,23 @@ def test_both_samples_around_a_preemption_are_kept() -> None:
     samples = [snap(0.0, 0), snap(1.0, 100), snap(2.0, 200), snap(3.0, 300, preemptions=2),
                snap(4.0, 400, preemptions=2), snap(5.0, 500, preemptions=3),
                snap(6.0, 600, preemptions=3)]
-    # 2.0 before the first preemptions and 3.0 after; 4.0 before the next (3.0 kept already
-    # covers 3.0; 4.0 is the sample before 5.0's) and 5.0; the rest wait for the interval
-    assert kept(StoreCadence(10.0), samples) == [(0.0, 0), (2.0, 200), (3.0, 300),
+    # 2.0 before the first preemptions and 3.0 after; 4.0 before the next and 5.0; the
+    # rest wait for the interval
+    assert kept(StoreCadence(10.0, pair_gap_s=2.0), samples) == [(0.0, 0), (2.0, 200), (3.0, 300),
                                                  (4.0, 400), (5.0, 500)]
 
 
 def test_a_preemption_right_after_a_kept_sample_keeps_it_once() -> None:
     samples = [snap(0.0, 0), snap(1.0, 100, preemptions=1), snap(2.0, 200, preemptions=4)]
-    assert kept(StoreCadence(10.0), samples) == [(0.0, 0), (1.0, 100), (2.0, 200)]
+    assert kept(StoreCadence(10.0, pair_gap_s=0.0), samples) == [(0.0, 0), (1.0, 100),
+                                                                 (2.0, 200)]
+
+
+def test_a_preemption_storm_keeps_one_pair_per_gap() -> None:
+    # a preemption between every two samples for 25 s
+    samples = [snap(float(t), 100 * t, preemptions=t) for t in range(26)]
+    assert kept(StoreCadence(60.0, pair_gap_s=10.0), samples) == [
+        (0.0, 0), (1.0, 100), (10.0, 1000), (11.0, 1100), (20.0, 2000), (21.0, 2100)]
 
 
 def test_a_new_session_and_each_engine_start_their_own_cadence() -> None:
@@ -66,6 +74,7 @@ def test_an_interval_longer_than_the_idle_period_holds_for_idle_pools_too() -> N
 
 
 def test_bad_intervals_are_refused() -> None:
-    for interval, idle in ((0.0, 300.0), (10.0, 0.0), (-1.0, 300.0)):
+    for interval, idle, gap in ((0.0, 300.0, 1.0), (10.0, 0.0, 1.0), (-1.0, 300.0, 1.0),
+                                (10.0, 300.0, -1.0)):
         with pytest.raises(ValueError):
-            StoreCadence(interval, idle_s=idle)
+            StoreCadence(interval, idle_s=idle, pair_gap_s=gap)

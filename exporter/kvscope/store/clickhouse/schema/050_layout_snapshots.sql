@@ -1,5 +1,6 @@
--- Layout snapshots (layer 3): each engine's KV block pool sampled about once a second by
--- the sidecar's LayoutSampler, one row per sample (kvscope.layout.sampler.layout_rows).
+-- Layout snapshots (layer 3): each engine's KV block pool as the sidecar's LayoutSampler
+-- sampled it (once a second), one row per kept sample (kvscope.layout.store_cadence: once a
+-- minute by default, both samples around a preemption, an unchanged pool once in 5 min).
 -- Answers "what did the pool look like at time T": block ID x time heatmaps, which
 -- request held a block, how scattered free blocks were. Per-block arrays hold one entry
 -- per block ID (1-based: element i is block i - 1) and compress to almost nothing with
