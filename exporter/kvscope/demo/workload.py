@@ -41,6 +41,8 @@ DUPLICATE_EVERY = 25
 """One request in this many is a retry bot's duplicate submission."""
 PREEMPT_RATE_WINDOW_S = 5
 """The window the clients ask /health/preempt-rate for (its shortest)."""
+IN_FLIGHT = 256
+"""Calls one client has open at once (its connection pool's size)."""
 CLIENT_CONFIG = ClientConfig(window_s=5.0, min_samples=5, preempt_rate_poll_s=1.0,
                              open_threshold=0.5, open_after_windows=3,
                              open_duration_s=1.0, max_open_duration_s=4.0)
@@ -145,6 +147,11 @@ class Workload:
             self.tallies[job.client].planned += 1 + (job.resend_after_s is not None)
         rate_url = f"{sidecar_url}/health/preempt-rate?window={PREEMPT_RATE_WINDOW_S}"
         self._http = {p.client_id: _http(p.app) for p in PERSONAS}
+        # Calls beyond the pool's connections wait here, not in httpx's pool: httpcore
+        # rescans its whole queue of waiting requests at every change, and with 1,000
+        # requests queued the event loop ran 24 s late (`kvscope demo --requests 3000
+        # --duration 150` was cut off after 221 s).
+        self._in_flight = {p.client_id: asyncio.Semaphore(IN_FLIGHT) for p in PERSONAS}
         self.clients = {p.client_id: AsyncKVScopeClient(
             base_url, client_id=p.client_id, config=CLIENT_CONFIG,
             preempt_rate_url=rate_url if p.reads_sidecar else None,
@@ -187,9 +194,10 @@ class Workload:
         extra: dict[str, Any] = {"priority": job.priority} if self.send_priority else {}
         while True:
             try:
-                answer = await client.completions(model=self.model, prompt=job.prompt,
-                                                  max_tokens=job.max_tokens, ignore_eos=True,
-                                                  **extra)
+                async with self._in_flight[job.client]:
+                    answer = await client.completions(model=self.model, prompt=job.prompt,
+                                                      max_tokens=job.max_tokens,
+                                                      ignore_eos=True, **extra)
             except CircuitOpenError as exc:
                 tally.refused += 1
                 await asyncio.sleep(max(0.2, exc.retry_after_s))
@@ -219,4 +227,4 @@ def _http(app: str) -> httpx.AsyncClient:
     # Idle connections retire before vLLM's keep-alive ends (kvscope.http): reusing one the
     # server is closing fails as a ReadError the SDK (rightly) does not retry.
     return httpx.AsyncClient(timeout=600.0, trust_env=False, event_hooks={"request": [tag]},
-                             limits=http_limits(256))
+                             limits=http_limits(IN_FLIGHT))
