@@ -224,7 +224,9 @@ def _http(app: str) -> httpx.AsyncClient:
     async def tag(request: httpx.Request) -> None:
         request.headers["User-Agent"] = agent
 
-    # Idle connections retire before vLLM's keep-alive ends (kvscope.http): reusing one the
-    # server is closing fails as a ReadError the SDK (rightly) does not retry.
+    # One connection per call, as the load generator (kvscope.http): a call written to a
+    # kept-alive connection as vLLM closes it is lost as a ReadError the SDK (rightly) does
+    # not retry, and retiring idle connections early still races in a starved process (CI:
+    # the demo against a real vLLM, 1 of 40 lost).
     return httpx.AsyncClient(timeout=600.0, trust_env=False, event_hooks={"request": [tag]},
-                             limits=http_limits(IN_FLIGHT))
+                             limits=http_limits(IN_FLIGHT, reuse=False))
