@@ -26,6 +26,7 @@ import httpx
 import psutil
 import pytest
 
+from kvscope.demo.findings import SETTLED_TABLES
 from kvscope.demo.live import Scrape
 from kvscope.demo.workload import DUPLICATE_EVERY
 from kvscope.localvllm.server import free_port
@@ -208,12 +209,18 @@ def assert_client_layer(m: Scrape) -> None:
     assert any(a.startswith("retry-bot/0.1 kvscope-client/") for a in agents), agents
 
 
-def assert_store_rows(stored: dict[str, int], shown: int) -> None:
+def assert_store_rows(stored: dict[str, int], shown: int, text: str) -> None:
     """Once the demo has stopped: every table has rows, a trace and a client row per
-    request, a preempt decision per preemption."""
+    request, a preempt decision per preemption, and the findings' "stored" line gave the
+    store's own count of each table whose rows had stopped coming (layout and step rows
+    go on while the demo serves; the line once counted the decision log's lines as
+    scheduler_decisions rows too, twice the store's)."""
     assert stored["request_traces"] == REQUESTS and stored["client_requests"] == REQUESTS
     assert stored["preempt"] == shown
     assert all(stored[t] > 0 for t in TABLES), stored
+    line = next(x for x in text.splitlines() if "stored            ClickHouse rows: " in x)
+    said = {t: int(n) for t, n in (p.rsplit(" ", 1) for p in line.split(": ", 1)[1].split(", "))}
+    assert {t: said[t] for t in SETTLED_TABLES} == {t: stored[t] for t in SETTLED_TABLES}
 
 
 @pytest.mark.once
@@ -237,7 +244,7 @@ def test_demo_every_layer_produced_data(tmp_path: Path) -> None:
     finally:
         demo.kill()
     assert_gone(pids)
-    assert_store_rows(stored_rows(demo.data / "chdb"), shown)
+    assert_store_rows(stored_rows(demo.data / "chdb"), shown, text)
 
 
 @pytest.mark.once

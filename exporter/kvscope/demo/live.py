@@ -48,10 +48,12 @@ class Scrape:
         return sum(v for have, v in self.samples.get(name, ())
                    if all(have.get(k) == w for k, w in labels.items()))
 
-    def by(self, name: str, label: str) -> dict[str, float]:
+    def by(self, name: str, label: str, **where: str) -> dict[str, float]:
+        """Samples of ``name`` summed by ``label``, of those whose labels match ``where``."""
         out: dict[str, float] = {}
         for have, v in self.samples.get(name, ()):
-            out[have.get(label, "")] = out.get(have.get(label, ""), 0.0) + v
+            if all(have.get(k) == want for k, want in where.items()):
+                out[have.get(label, "")] = out.get(have.get(label, ""), 0.0) + v
         return out
 
 
