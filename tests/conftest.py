@@ -7,6 +7,8 @@ Skips at collection (``pytest.importorskip`` at module level) count like any oth
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
 import re
 from pathlib import Path
@@ -98,8 +100,19 @@ class SkipGuard:
                 terminalreporter.line(line, red=True)
 
 
+LATE_PLUGIN_IMPORTS = ("hypothesis.internal.observability", "schemathesis.reporting.allure")
+"""Modules two plugins import only as the session ends. pytest rewrites a plugin's modules
+with ``ast.parse``, and CPython 3.11.7 can fail that parse with ``SystemError: AST
+constructor recursion depth mismatch`` once tests have run threads (python/cpython#106905,
+tests/astparse.py): seen at the terminal summary of a run whose tests had all passed.
+Imported here, at configure time, before any test starts a thread."""
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(SkipGuard(config), "kvscope-skip-guard")
+    for name in LATE_PLUGIN_IMPORTS:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
 
 
 ENGINE_TESTS = "tests/engine/"

@@ -18,6 +18,7 @@ from kvscope.sidecar.exposition.metrics import KVScopeCollector
 from kvscope.sidecar.http.app import create_app
 from kvscope.sinks.metrics import SinkCollector
 from kvscope.state.hub import Hub
+from tests.astparse import parse
 from tests.unit.test_hub import feed, keyframe
 from tests.unit.test_wire import hello, step
 
@@ -40,7 +41,7 @@ def test_readme_metric_table_is_the_generated_one() -> None:
 def test_every_call_site_asks_for_the_declared_type_and_labels() -> None:
     asked = []
     for path in sorted(EXPOSITION.glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse(path)):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                     and node.func.attr in ("g", "c") and node.args
                     and isinstance(node.args[0], ast.Constant)):
