@@ -22,6 +22,7 @@ from kvscope.store import arrow
 from kvscope.store.sink import ClickHouseSink, Target
 from tests.clickhouse.conftest import FAST, clickhouse_connect, count
 from tests.clickhouse.rowsource import SwitchableStore, trace
+from tests.reliability.serveproc import wait_until
 
 pytestmark = pytest.mark.clickhouse
 
@@ -131,7 +132,7 @@ def test_an_idle_sink_reports_its_store_as_it_is(store: Any, database: str, chdb
     down = sink_for(dsn, database, tmp_path / "down", options=opts)
     try:
         assert down.stats().connected is False  # nothing seen yet
-        wait_for(lambda: down.stats().errors >= 1, "a check of the closed port")
+        wait_until("a check of the closed port", lambda: down.stats().errors >= 1, 30)
         st = down.stats()
         assert st.connected is False and "Connection refused" in st.last_error
         assert st.spool_batches == 0 and not any(st.rows_written.values())
@@ -140,22 +141,15 @@ def test_an_idle_sink_reports_its_store_as_it_is(store: Any, database: str, chdb
     flaky = SwitchableStore(lambda: clickhouse_connect.get_client(dsn=chdb_dsn))
     up = sink_for(chdb_dsn, database, tmp_path / "up", options=opts, connect=flaky.connect)
     try:
-        wait_for(lambda: up.stats().connected, "the first check of a reachable store")
+        wait_until("the first check of a reachable store", lambda: up.stats().connected, 30)
         assert up.stats().errors == 0
         flaky.down.set()
-        wait_for(lambda: not up.stats().connected, "an idle check to see the store go")
+        wait_until("an idle check to see the store go", lambda: not up.stats().connected, 30)
         flaky.down.clear()
-        wait_for(lambda: up.stats().connected, "an idle check to see it back")
+        wait_until("an idle check to see it back", lambda: up.stats().connected, 30)
         assert not any(up.stats().rows_written.values())
     finally:
         assert up.close(5)
-
-
-def wait_for(ok: Any, what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not ok():
-        assert time.monotonic() < deadline, f"waited {timeout_s:.0f} s for {what}"
-        time.sleep(0.02)
 
 
 def test_dsn_credentials_never_shown() -> None:

@@ -15,6 +15,7 @@ from kvscope.decisions.loki import LokiSink, push_payload
 from kvscope.localvllm.server import free_port
 from kvscope.rows import SchedulerDecision
 from kvscope.sinks.options import DeliveryOptions
+from tests.reliability.serveproc import wait_until
 
 
 def decision(i: int, event: str = "preempt", engine: str = "0") -> SchedulerDecision:
@@ -111,19 +112,12 @@ def test_an_idle_sink_reports_whether_loki_answers(tmp_path: Path) -> None:
         sink = LokiSink(f"http://127.0.0.1:{loki.port}", str(tmp_path / "spool"), options=opts)
         try:
             assert sink.stats().connected is False  # nothing seen yet
-            wait(lambda: sink.stats().connected, "the first look at Loki")
+            wait_until("the first look at Loki", lambda: sink.stats().connected, 30)
             loki.down = True
-            wait(lambda: not sink.stats().connected, "a look to see Loki answer 503")
+            wait_until("a look to see Loki answer 503", lambda: not sink.stats().connected, 30)
             assert sink.stats().last_error.startswith("HTTPStatusError pushing to http")
             loki.down = False
-            wait(lambda: sink.stats().connected, "a look to see it back")
+            wait_until("a look to see it back", lambda: sink.stats().connected, 30)
         finally:
             sink.close(5)
     assert not loki.entries and sum(sink.stats().rows_written.values()) == 0
-
-
-def wait(ok: Any, what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not ok():
-        assert time.monotonic() < deadline, f"waited {timeout_s:.0f} s for {what}"
-        time.sleep(0.02)
