@@ -11,6 +11,7 @@ middle of it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -97,9 +98,21 @@ class Demo:
                 self.proc.wait()
 
     def kill(self) -> None:
+        """Stop the demo and every process it started, whatever state a failed test left it
+        in: SIGTERM (the demo stops its sidecar and engine), then SIGKILL by PID for any of
+        them still there. SIGKILL to the demo alone left its sidecar and vLLM server running
+        after a failed CI test."""
         if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+            kids = self.descendants()  # while they are still the demo's
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            for pid in kids:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    psutil.Process(pid).kill()
 
 
 def assert_gone(pids: list[int]) -> None:
@@ -257,6 +270,19 @@ def test_ctrl_c_mid_run_stops_everything(tmp_path: Path) -> None:
         demo.proc.send_signal(signal.SIGINT)
         assert demo.finish() == 130, demo.text()
         assert "stopped (Ctrl-C)" in demo.text()
+    finally:
+        demo.kill()
+    assert_gone(pids)
+
+
+def test_a_demo_stopped_mid_run_leaves_no_process(tmp_path: Path) -> None:
+    """What a failing test's ``finally`` does: the demo is stopped while it drives its
+    workload, and nothing it started is left running."""
+    demo = Demo(tmp_path, *FAST, "--duration", "600")
+    try:
+        demo.wait_for(r"answered \d+/", 150)  # the live view: workload under way
+        pids = demo.descendants()
+        assert pids, "the sidecar runs as a child process"
     finally:
         demo.kill()
     assert_gone(pids)
