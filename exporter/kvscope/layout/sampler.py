@@ -22,6 +22,7 @@ from kvscope.layout.snapshot import (
     decode_runs,
     encode_runs,
 )
+from kvscope.os_thread import name_os_thread
 from kvscope.state.hub import Hub
 
 __all__ = ["LayoutSampler", "Owner", "Point", "Snapshot", "decode_runs", "encode_runs"]
@@ -160,6 +161,7 @@ class LayoutSampler:
         self._thread.start()
 
     def _run(self) -> None:
+        name_os_thread()
         while not self._stop.wait(min(self.interval_s, 1.0) / 4):
             try:
                 self.tick()

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvscope.os_thread import name_os_thread
 from kvscope.sinks.base import BatchRejected, SinkStats
 from kvscope.sinks.options import Backoff, DeliveryOptions
 from kvscope.sinks.spool import Spool, SpooledBatch
@@ -92,6 +93,7 @@ class Delivery:
 
     # -- the batching thread -----------------------------------------------------------
     def _batch_loop(self) -> None:
+        name_os_thread()
         tick = min(0.25, self.opt.batch_interval_s / 4)
         while not self._stop.is_set():
             self._wake.wait(tick)
@@ -152,6 +154,7 @@ class Delivery:
 
     # -- the sending thread ------------------------------------------------------------
     def _send_loop(self) -> None:
+        name_os_thread()
         backoff = Backoff(self.opt.backoff_initial_s, self.opt.backoff_max_s)
         attempts: tuple[int, int] = (0, 0)  # (seq, failed attempts) of the head batch
         look_at = time.monotonic() if self.check else float("inf")  # the next idle look

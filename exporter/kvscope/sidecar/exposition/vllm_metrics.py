@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvscope.os_thread import name_os_thread
 from kvscope.redact import safe_url
 from kvscope.throttle import worth_logging
 
@@ -110,6 +111,7 @@ class VllmScraper(threading.Thread):
                             self.safe_url, self.errors, type(exc).__name__)
 
     def run(self) -> None:
+        name_os_thread()
         with httpx.Client(timeout=self.timeout_s) as client:
             while not self.stop_event.is_set():
                 self.scrape_once(client)

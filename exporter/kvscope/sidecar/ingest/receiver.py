@@ -22,6 +22,7 @@ from typing import Any
 
 import zmq
 
+from kvscope.os_thread import name_os_thread
 from kvscope.sidecar.ingest.auth import CurveGate
 from kvscope.state.hub import Hub
 from kvscope_probe.transport import curve_keys, requires_auth
@@ -121,6 +122,7 @@ class Receiver(threading.Thread):
         return dict(self.gate.refused) if self.gate else {}
 
     def run(self) -> None:
+        name_os_thread()
         self._ingest.start()
         poller = zmq.Poller()
         readers = list(self._socks.values())
@@ -156,6 +158,7 @@ class Receiver(threading.Thread):
                 self.hub.refuse("buffer_full", f"ingest queue holds {self.queue.bytes} bytes")
 
     def _ingest_loop(self) -> None:
+        name_os_thread()
         try:
             next_tick = time.monotonic()
             while not self.stop_event.is_set() or len(self.queue):
