@@ -94,3 +94,37 @@ def test_the_file_rotates_from_the_writer_thread(tmp_path: Path) -> None:
                                        "decisions.jsonl.4"]
     assert log.lines == 200 and log.dropped == 0
     assert sum(len(f.read_text().splitlines()) for f in files) == 200
+
+
+class CountingStream(io.StringIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        return super().write(text)
+
+
+def test_lines_arriving_one_by_one_are_written_in_batches() -> None:
+    """A busy engine makes ~100 decisions a second; the writer wakes and writes once per
+    LINGER_S, not once per line (before: one wakeup and one write each, 50 here)."""
+    import time
+
+    from kvscope.decisions.log import LINGER_S
+
+    out = CountingStream()
+    log = DecisionLog(stream=out)
+    t0 = time.monotonic()
+    for i in range(50):  # 50 lines over ~0.1 s, well inside one linger
+        log.write(TABLE, decision(i))
+        time.sleep(0.002)
+    spread = time.monotonic() - t0
+    deadline = time.monotonic() + 10
+    while log.lines < 50 and time.monotonic() < deadline:  # written without a flush
+        time.sleep(0.01)
+    assert log.lines == 50
+    assert out.writes <= 1 + int(spread / LINGER_S) + 1
+    assert [json.loads(x)["request_id"] for x in out.getvalue().splitlines()] == [
+        f"r{i}" for i in range(50)]
+    log.close(5)

@@ -5,9 +5,10 @@ LogQL line filter like ``|= "Preempting request"`` keeps working) and the facts 
 No prompt or completion text ever reaches this log: rows carry IDs, counts and reasons.
 
 Off the hot path: ``write`` (the ingest thread, under the hub lock) only appends the row to
-a bounded queue; a writer thread formats and writes lines. A slow stdout pipe or disk
-therefore never stalls ingestion or ``/metrics``: the queue fills, and rows that find it
-full are dropped and counted; a failed write is counted as an error and its lines as
+a bounded queue; a writer thread formats and writes lines, a batch at most every
+``LINGER_S`` (``flush`` hurries it). A slow stdout pipe or disk therefore never stalls
+ingestion or ``/metrics``: the queue fills, and rows that find it full are dropped and
+counted; a failed write is counted as an error and its lines as
 dropped. Both appear in ``kvscope_sink_*{sink="decision_log"}``.
 """
 
@@ -23,6 +24,7 @@ from collections import deque
 from datetime import datetime, timezone
 from typing import IO, Any
 
+from kvscope.os_thread import name_os_thread
 from kvscope.rows import SchedulerDecision
 from kvscope.sinks.base import SinkStats
 from kvscope.throttle import worth_logging
@@ -31,6 +33,10 @@ log = logging.getLogger("kvscope.sinks")
 
 TABLE = "scheduler_decisions"
 MAX_BATCH = 1000
+LINGER_S = 0.25
+"""How long the writer gathers lines after the first of a batch: one wakeup and one
+write a quarter second, not one per decision (a busy engine makes ~100 a second, and each
+wakeup takes the GIL from the ingest thread)."""
 
 
 def decision_line(d: SchedulerDecision) -> str:
@@ -80,6 +86,7 @@ class DecisionLog:
         self._cond = threading.Condition()
         self._busy = False
         self._closing = False
+        self._hurry = 0  # flush() calls waiting: no lingering meanwhile
         self._thread = threading.Thread(target=self._run, name="kvscope-decision-log",
                                         daemon=True)
         self._thread.start()
@@ -93,16 +100,26 @@ class DecisionLog:
                 self.dropped += 1
                 return
             self._queue.append((time.time(), row))
-            self._cond.notify()
+            n = len(self._queue)
+            if n == 1 or n == MAX_BATCH:  # the writer waits for a first row, or lingers
+                self._cond.notify()
 
     # -- the writer thread ----------------------------------------------------------
     def _run(self) -> None:
+        name_os_thread()
         while True:
             with self._cond:
                 while not self._queue and not self._closing:
                     self._cond.wait()
                 if not self._queue:
                     return
+                until = time.monotonic() + LINGER_S
+                while (len(self._queue) < MAX_BATCH and not self._closing
+                       and not self._hurry):
+                    left = until - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
                 batch = [self._queue.popleft()
                          for _ in range(min(MAX_BATCH, len(self._queue)))]
                 self._busy = True
@@ -147,11 +164,16 @@ class DecisionLog:
         """Wait (at most ``timeout_s``) until every queued line is written."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            while (self._queue or self._busy) and self._thread.is_alive():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return
-                self._cond.wait(left)
+            self._hurry += 1
+            self._cond.notify_all()
+            try:
+                while (self._queue or self._busy) and self._thread.is_alive():
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return
+                    self._cond.wait(left)
+            finally:
+                self._hurry -= 1
 
     def close(self, timeout_s: float = 5.0) -> None:
         self.flush(timeout_s)
