@@ -43,6 +43,8 @@ the periodic keyframe is built."""
 RING_BYTES = 64 << 20
 """Default bound of the ring in encoded bytes, beside its bound in entries."""
 _encode = msgspec.msgpack.Encoder().encode
+_NO_IDS: dict[str, int] = {}
+_NO_COUNTS: list[int] = []  # shared empties, never modified
 
 
 class Recorder(PoolMirror):
@@ -257,6 +259,12 @@ class Recorder(PoolMirror):
         new = [wire.NewReq(r.req_id, r.block_ids, r.num_computed_tokens)
                for r in out.scheduled_new_reqs] if out.scheduled_new_reqs else []
         nst = out.num_scheduled_tokens
+        order = (c.req_ids + [r.req_id for r in out.scheduled_new_reqs]
+                 if out.scheduled_new_reqs else c.req_ids)
+        if list(nst) == order:  # vLLM's usual order (no request resumed): IDs sent once
+            sent, counts = _NO_IDS, list(nst.values())
+        else:
+            sent, counts = nst, _NO_COUNTS
         rolled = self._rolled_back(out.scheduled_spec_decode_tokens, nst)
         head = self.waiting_head()
         waiting = len(sched.waiting)
@@ -266,12 +274,12 @@ class Recorder(PoolMirror):
         if audit is not None and audit.mirror_fixed:  # the ledger may hold it too: resend
             self.want_keyframe = True
         self.push(wire.Step(
-            _wall(), ops, new, nst, c.req_ids, c.num_computed_tokens,
+            _wall(), ops, new, sent, c.req_ids, c.num_computed_tokens,
             list(compress(c.req_ids, nb)), list(filter(None, nb)), c.resumed_req_ids,
             nulled, moved, out.finished_req_ids, out.preempted_req_ids, pre, arrivals, ends,
             out.total_num_scheduled_tokens, sched.max_num_scheduled_tokens,
             len(sched.running), waiting, head[0], head[1], free, schedule_ns,
-            self.last_probe_ns, rolled, audit,
+            self.last_probe_ns, rolled, audit, counts,
         ))
         if self.repair_at is not None:
             self.repair_slice()

@@ -15,8 +15,12 @@ from typing import Union
 
 import msgspec
 
-WIRE_VERSION = 2
-VERSION_TAG = b"kvscope/2"
+WIRE_VERSION = 3
+VERSION_TAG = b"kvscope/3"
+ACCEPTED_TAGS = frozenset({b"kvscope/2", VERSION_TAG})
+"""Version 3 may send a step's scheduled tokens as ``Step.scheduled_counts``; a version-2
+probe's frames decode the same (the field is absent: empty). A version-2 sidecar refuses
+version 3 by its tag rather than read an empty ``num_scheduled`` as nothing scheduled."""
 
 # Block operation kinds (first element of an op tuple).
 OP_ALLOC = 0  # free -> used (get_new_blocks, touch of a free block)
@@ -190,7 +194,8 @@ class Step(msgspec.Struct, tag="step", array_like=True, frozen=True):
     """Ordered block operations: (OP_*, block IDs)."""
     new_reqs: list[NewReq]
     num_scheduled: dict[str, int]
-    """Tokens scheduled this step per request (new and running ones)."""
+    """Tokens scheduled this step per request (new and running ones); empty when
+    ``scheduled_counts`` carries them (read both through ``scheduled_tokens_of``)."""
     cached_ids: list[str]
     """Requests scheduled again (running on, or resumed after preemption)..."""
     cached_computed: list[int]
@@ -238,6 +243,11 @@ class Step(msgspec.Struct, tag="step", array_like=True, frozen=True):
     again would otherwise keep the count from before the rejection."""
     audit: Audit | None = None
     """A slice of vLLM's pool and one request's table, read after this step."""
+    scheduled_counts: list[int] = []
+    """Tokens scheduled this step per request, in the order of ``cached_ids`` then
+    ``new_reqs``: sent instead of ``num_scheduled`` when vLLM's own dict lists exactly those
+    requests in that order (the probe compares the two before it sends this form), so a
+    step's ~256 request IDs travel once, not twice."""
 
 
 class Keyframe(msgspec.Struct, tag="keyframe", array_like=True, frozen=True):
@@ -351,12 +361,25 @@ def encode(frame: Frame) -> list[bytes]:
     return [VERSION_TAG, _encoder.encode(frame)]
 
 
+def scheduled_tokens_of(s: Step) -> dict[str, int]:
+    """The step's scheduled tokens per request, whichever form the probe sent; raises
+    ValueError when the counts do not match the requests they are for."""
+    if not s.scheduled_counts:
+        return s.num_scheduled
+    if s.num_scheduled:
+        raise ValueError("a step with both num_scheduled and scheduled_counts")
+    ids = s.cached_ids + [r.req_id for r in s.new_reqs] if s.new_reqs else s.cached_ids
+    if len(ids) != len(s.scheduled_counts):
+        raise ValueError(f"{len(s.scheduled_counts)} scheduled counts for {len(ids)} requests")
+    return dict(zip(ids, s.scheduled_counts, strict=True))
+
+
 def decode(parts: list[bytes]) -> Frame:
     """Validate and decode a multipart message; raise WireError when it is not ours."""
     if len(parts) != 2:
         raise WireError("parts", f"expected 2 message parts, got {len(parts)}")
     tag, body = parts
-    if tag != VERSION_TAG:
+    if tag not in ACCEPTED_TAGS:
         if tag.startswith(b"kvscope/"):
             raise WireError("version", f"unsupported wire version {tag[:32]!r}")
         raise WireError("tag", "not a kvscope frame")

@@ -77,7 +77,7 @@ def splice(rng: random.Random, tag: bytes, body: bytes) -> list[bytes]:
 
 
 def wrong_version(rng: random.Random, tag: bytes, body: bytes) -> list[bytes]:
-    return [rng.choice([b"kvscope/0", b"kvscope/2", b"kvscope/1 ", b"kvscope/", b"KVSCOPE/1",
+    return [rng.choice([b"kvscope/0", b"kvscope/4", b"kvscope/1 ", b"kvscope/", b"KVSCOPE/1",
                         b"", rng.randbytes(9)]), body]
 
 

@@ -22,9 +22,14 @@ pytestmark = pytest.mark.twin
 Twin = pytest.importorskip("kvscope.twin.engine").Twin
 
 
-def drain(rec: Recorder, hub: Hub) -> None:
+def drain(rec: Recorder, hub: Hub, forms: dict[str, int] | None = None) -> None:
     while rec.ring:
-        assert hub.accept(wire.encode(take_batch(rec)))
+        parts = wire.encode(take_batch(rec))
+        if forms is not None:  # which form each step's scheduled tokens took on the wire
+            for r in wire.decode(parts).records:
+                if isinstance(r, wire.Step) and (r.num_scheduled or r.scheduled_counts):
+                    forms["counts" if r.scheduled_counts else "dict"] += 1
+        assert hub.accept(parts)
 
 
 def run_checked(policy: str, num_blocks: int, n_requests: int, seed: int) -> dict[str, int]:
@@ -39,6 +44,7 @@ def run_checked(policy: str, num_blocks: int, n_requests: int, seed: int) -> dic
     coord = sched.kv_cache_manager.coordinator
     stats = {"steps": 0, "checked": 0, "preemptions": 0, "disarmed": 0,
              "arm_below": rec.arm_below}
+    forms = stats["forms"] = {"counts": 0, "dict": 0}  # type: ignore[assignment]
 
     def checked_schedule(*args: object, **kwargs: object) -> object:
         """The probe records at the end of schedule(): compare the pool right there."""
@@ -47,7 +53,7 @@ def run_checked(policy: str, num_blocks: int, n_requests: int, seed: int) -> dic
         return out
 
     def check(out: object) -> None:
-        drain(rec, hub)
+        drain(rec, hub, forms)
         st = hub.engines[rec.hello.engine]
         led = st.ledger
         assert led.synced, "ledger lost sync"
@@ -112,3 +118,9 @@ def test_ledger_equals_block_pool_every_step(policy: str) -> None:
         assert stats["priority"] == 0
     else:
         assert stats["priority"] > 0
+    # The tokens checked above came with the IDs sent once (wire version 3): vLLM's dict
+    # lists cached_ids then new_reqs (a resumed request sits among the cached ones, and
+    # resumed ones head the waiting queue), so the dict form is a fallback the probe
+    # checks for; these runs (137 steps with a resumed request) never needed it.
+    forms = stats["forms"]
+    assert forms["counts"] > 0 and forms["dict"] == 0, forms  # type: ignore[index]

@@ -71,3 +71,39 @@ def test_arbitrary_bytes_never_escape_as_anything_but_wire_error(body: bytes) ->
         wire.decode([wire.VERSION_TAG, body])
     except wire.WireError:
         pass
+
+
+def test_scheduled_counts_carry_the_ids_once() -> None:
+    """Version 3: the counts are in the order of cached_ids then new_reqs; the sidecar
+    reads the same dict as from a step that sent num_scheduled."""
+    counts = step(cached_ids=["a", "b"], cached_computed=[7, 9],
+                  new_reqs=[wire.NewReq("c", [[5]], 0)], scheduled_counts=[1, 1, 30])
+    assert wire.scheduled_tokens_of(counts) == {"a": 1, "b": 1, "c": 30}
+    plain = step(num_scheduled={"b": 1, "a": 2}, cached_ids=["a", "b"], cached_computed=[7, 9])
+    assert wire.scheduled_tokens_of(plain) == {"b": 1, "a": 2}
+    assert wire.scheduled_tokens_of(step()) == {}
+    again = wire.decode(wire.encode(frame([counts]))).records[0]
+    assert wire.scheduled_tokens_of(again) == {"a": 1, "b": 1, "c": 30}
+
+
+@pytest.mark.parametrize("bad", [
+    dict(cached_ids=["a"], cached_computed=[1], scheduled_counts=[1, 1]),  # one too many
+    dict(cached_ids=["a", "b"], cached_computed=[1, 1], scheduled_counts=[1]),
+    dict(cached_ids=["a"], cached_computed=[1], num_scheduled={"a": 1}, scheduled_counts=[1]),
+])
+def test_counts_that_do_not_fit_their_requests_are_refused(bad: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match="scheduled"):
+        wire.scheduled_tokens_of(step(**bad))
+
+
+def test_a_version_2_frame_still_decodes_and_other_versions_do_not() -> None:
+    """An engine whose probe is a release behind (version 2) keeps being read; its steps
+    have no scheduled_counts."""
+    body = wire.encode(frame([step(num_scheduled={"a": 3}, cached_ids=["a"],
+                                   cached_computed=[1])]))[1]
+    got = wire.decode([b"kvscope/2", body]).records[0]
+    assert wire.scheduled_tokens_of(got) == {"a": 3}
+    for tag in (b"kvscope/4", b"kvscope/1"):
+        with pytest.raises(wire.WireError) as err:
+            wire.decode([tag, body])
+        assert err.value.reason == "version"

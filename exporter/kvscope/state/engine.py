@@ -11,6 +11,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import msgspec
+
 from kvscope.state import audit
 from kvscope.state.ledger import Ledger
 from kvscope_probe import wire
@@ -148,6 +150,9 @@ class EngineState:
 
     # -- steps --------------------------------------------------------------------------
     def _step(self, s: wire.Step) -> None:
+        if s.scheduled_counts:  # the IDs came once (cached_ids, new_reqs): the dict, rebuilt
+            s = msgspec.structs.replace(s, num_scheduled=wire.scheduled_tokens_of(s),
+                                        scheduled_counts=[])
         led = self.ledger
         c = self.counters
         c.steps += 1
