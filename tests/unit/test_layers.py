@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[2] / "exporter"
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("helpers", ("kvscope", "kvscope.errors", "kvscope.times", "kvscope.redact", "kvscope.settings",
-                 "kvscope.procs", "kvscope.http", "kvscope.models", "kvscope.throttle",
-                 "kvscope.metric_table")),
+                 "kvscope.procs", "kvscope.os_thread", "kvscope.http", "kvscope.models",
+                 "kvscope.throttle", "kvscope.metric_table")),
     ("rows", ("kvscope.rows",)),
     ("state", ("kvscope.state",)),
     ("sinks", ("kvscope.sinks",)),
