@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 from typing import Any
@@ -114,6 +115,11 @@ class Sidecar:
 
     def run(self) -> None:
         """Bind and serve until SIGINT / SIGTERM (uvicorn handles both)."""
+        # What start-up built (imported modules, pyarrow's pandas, the store's client) leaves
+        # the cyclic collector's view: a full collection while engines stream then scans
+        # only what ingestion keeps (measured live at 256 running: 67 ms -> 15 ms each).
+        gc.collect()
+        gc.freeze()
         self._start_workers()
         log.info("kvscope sidecar on %s://%s:%d/metrics", "https" if self.cfg.tls_cert else "http",
                  self.cfg.host, self.cfg.port)
