@@ -1,13 +1,15 @@
 """The sidecar's cost live: a real ``kvscope serve`` fed by real probes in twin engines.
 
     python benchmarks/sidecar_live.py [--variants on off] [--engines 1] [--running 256]
-        [--steps 2000] [--py-spy] [--against CHECKOUT] [--out DIR]
+        [--pool 32768] [--interval 0] [--steps 2000] [--py-spy] [--against CHECKOUT]
+        [--out DIR]
 
 Each engine is ``decode_feed.py`` in its own process: vLLM's real scheduler with no model,
-16-token blocks, a 32,768-block pool, ``--running`` seats kept busy by short-prompt,
-long-output requests, and the probe loaded the way vLLM loads plugins. ``on``: the
-sidecar as deployed by default (the embedded chDB store in its data dir and the decision
-log to a file); ``off``: ``--clickhouse-dsn off --decision-log off``.
+16-token blocks, a ``--pool`` of 32,768 blocks by default, ``--running`` seats kept busy
+by short-prompt, long-output requests, at most one step each ``--interval`` seconds, and
+the probe loaded the way vLLM loads plugins. ``on``: the sidecar as deployed by default
+(the embedded chDB store in its data dir and the decision log to a file); ``off``:
+``--clickhouse-dsn off --decision-log off``.
 
 What is measured, per variant: the whole ``kvscope serve`` process's CPU (every thread:
 ingest, HTTP, layout sampler, store) from the moment the engines start stepping until
@@ -37,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import Sidecar, git_state, machine_noise, scrape, sidecar_engine
+from decode_feed import NO_PREEMPT_POOL
 
 from kvscope.procs import stop_process
 
@@ -76,7 +79,8 @@ def start_engines(args: argparse.Namespace, endpoint: str, tag: str) -> list[Any
     for i in range(args.engines):
         argv = [sys.executable, str(HERE / "decode_feed.py"), "--running", str(args.running),
                 "--warm", str(args.warm), "--steps", str(args.steps), "--probe", endpoint,
-                "--engine", f"{tag}-e{i}", "--wait"]
+                "--engine", f"{tag}-e{i}", "--wait", "--pool", str(args.pool),
+                "--interval", str(args.interval)]
         procs.append(subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=subprocess.DEVNULL, text=True,
                                       start_new_session=True))
@@ -243,6 +247,9 @@ def main() -> None:
     p.add_argument("--variants", nargs="+", default=["on", "off"], choices=list(VARIANTS))
     p.add_argument("--engines", type=int, default=1)
     p.add_argument("--running", type=int, default=256)
+    p.add_argument("--pool", type=int, default=NO_PREEMPT_POOL, help="blocks per engine")
+    p.add_argument("--interval", type=float, default=0.0,
+                   help="seconds between an engine's steps (0.01: at most 100 steps/s)")
     p.add_argument("--warm", type=int, default=200)
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--idle-s", type=float, default=5.0)
