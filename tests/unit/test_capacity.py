@@ -108,3 +108,16 @@ def test_the_layout_api_shows_the_waiting_head_and_whether_it_can_ever_fit() -> 
     hub, _ = feed([hello(num_blocks=8), step(ts=1.0)])
     out = engine_layout(hub.engines["0"], LayoutSampler(hub), 10, 5, 2.0)
     assert out["waiting_head"] is None
+
+
+def test_the_per_step_shortcut_never_hides_a_head_that_never_fits() -> None:
+    """Rollups skip the search while the upper bound + one block per group fits the usable
+    blocks; that bound holds the lower bound for every head the search would judge."""
+    for groups in ([FULL], [FULL, FULL], [SLIDING, SLIDING, FULL], [FULL, MAMBA],
+                   [wire.KVGroup("FullAttentionSpec", 16), wire.KVGroup("FullAttentionSpec", 48)]):
+        for num_blocks in (2, 3, 8, 44, 97):
+            h = hello(num_blocks=num_blocks, kv_groups=groups)
+            for need in range(0, 4 * num_blocks):
+                lower = min_blocks(h, need)
+                if need + len(groups) <= num_blocks:  # the shortcut says: it fits
+                    assert lower <= num_blocks - 1, (groups, num_blocks, need)

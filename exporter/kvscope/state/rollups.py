@@ -78,6 +78,12 @@ class Rollups:
         """One ``never_fits`` decision per request that reaches the head of the waiting
         queue needing more blocks than the pool holds; True while such a head waits (it
         is not reported as ``admission_blocked``: no freed block would admit it)."""
+        # The lower bound is at most the upper bound - 1 + one block per group (the token
+        # count that first reaches the upper bound adds at most one block to each group):
+        # when that fits the usable blocks, the head fits, with no search for it per step.
+        if s.head_blocks_needed + max(1, len(st.hello.kv_groups)) <= st.hello.num_blocks:
+            self.never_fit_head.pop(st.key, None)
+            return False
         fit = head_fit(st.hello, s)
         if fit is None or not fit.never_fits:
             self.never_fit_head.pop(st.key, None)
