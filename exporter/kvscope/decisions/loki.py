@@ -80,8 +80,7 @@ class LokiSink:
         (grafana/loki#13706) once the request has passed its gateway and tenant checks."""
         resp = self._http.post(f"{self.url}{PUSH_PATH}", content=b'{"streams":[]}',
                                headers=self.headers)
-        if resp.status_code not in (204, 422):
-            resp.raise_for_status()
+        if resp.status_code not in (204, 422):  # a 200 or a redirect is not Loki either
             raise httpx.HTTPStatusError(f"HTTP {resp.status_code}", request=resp.request,
                                         response=resp)
 
