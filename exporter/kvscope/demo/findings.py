@@ -23,11 +23,10 @@ import httpx
 from kvscope.demo.live import Scrape, Trend
 from kvscope.demo.workload import PREEMPT_RATE_WINDOW_S, Tally, Workload
 from kvscope.rows import TABLES
+from kvscope.store import SINK_NAME
 
 QUERIES = ("hourly_preemptions", "blocks_needed_vs_free", "preemption_rate_by_client",
            "duplicate_submissions", "tail_waste_by_prompt_len")
-STORE_SINK = "clickhouse"
-"""The ClickHouse sink's ``sink`` label (``ClickHouseSink.name``)."""
 SETTLED_TABLES = ("request_traces", "request_events", "scheduler_decisions", "client_requests")
 """Tables whose rows stop coming once the workload is done."""
 
@@ -72,7 +71,7 @@ def settle(base: str, steps: int | None, answered: int, timeout_s: float = 20.0)
     with httpx.Client(timeout=5.0, trust_env=False) as http:
         while True:
             s = Scrape(http.get(f"{base}/metrics").text)
-            rows = s.by("kvscope_sink_rows_written_total", "table", sink=STORE_SINK)
+            rows = s.by("kvscope_sink_rows_written_total", "table", sink=SINK_NAME)
             settled = {t: rows.get(t, 0.0) for t in SETTLED_TABLES}
             done = (
                 (steps is None or (s.value("vllm_scheduler_steps_total") or 0) >= steps)
@@ -188,7 +187,7 @@ def _clients(ev: Evidence) -> list[str]:
 def _stored(ev: Evidence) -> list[str]:
     # the ClickHouse sink's rows only: the decision log counts its lines under the same
     # table name (scheduler_decisions was shown twice its stored rows)
-    rows = ev.metrics.by("kvscope_sink_rows_written_total", "table", sink=STORE_SINK)
+    rows = ev.metrics.by("kvscope_sink_rows_written_total", "table", sink=SINK_NAME)
     events = Counter(d.get("event") for d in ev.decisions)
     return [
         "stored            ClickHouse rows: " + ", ".join(

@@ -4,3 +4,7 @@ sink that writes the rows of ``kvscope.rows`` (``sink``, encoded by ``arrow``, t
 
 It may import ``kvscope.rows``, ``kvscope.sinks`` and the shared helpers; not the state,
 the sidecar or anything above."""
+
+SINK_NAME = "clickhouse"
+"""The ClickHouse sink's name: its ``sink`` label on ``kvscope_sink_*`` (here, so a reader
+of those metrics, such as the demo, need not import the sink and its clients)."""

@@ -24,7 +24,7 @@ from kvscope.sinks.base import BatchRejected, SinkStats
 from kvscope.sinks.delivery import Delivery
 from kvscope.sinks.options import DeliveryOptions
 from kvscope.sinks.spool import Spool, SpooledBatch
-from kvscope.store import arrow, schema
+from kvscope.store import SINK_NAME, arrow, schema
 
 SCHEMA_CODES = {16, 60, 81}
 """NO_SUCH_COLUMN_IN_TABLE, UNKNOWN_TABLE, UNKNOWN_DATABASE: apply the DDL again."""
@@ -81,7 +81,7 @@ def default_spool_dir(target: Target) -> str:
 class ClickHouseSink:
     """Takes rows of every kvscope table; see kvscope.sinks.delivery for the guarantees."""
 
-    name = "clickhouse"
+    name = SINK_NAME
 
     def __init__(self, dsn: str, *, database: str | None = None,
                  ttl_days: int = schema.DEFAULT_TTL_DAYS, cluster: str | None = None,
