@@ -39,3 +39,21 @@ def test_token_allows_a_public_bind_and_is_not_in_repr() -> None:
     cfg = ServeConfig(host="0.0.0.0", token="s3cret")
     cfg.validate()
     assert "s3cret" not in repr(cfg)
+
+
+def test_the_clickhouse_batch_interval_reaches_the_sink(tmp_path: object) -> None:
+    from kvscope.sidecar.server import open_sinks
+
+    cfg = from_sources({"clickhouse_dsn": "http://127.0.0.1:9", "data_dir": str(tmp_path)},
+                       env={"KVSCOPE_CLICKHOUSE_BATCH_INTERVAL_S": "5"})
+    assert cfg.clickhouse_batch_interval_s == 5.0
+    sinks, store = open_sinks(cfg)
+    try:
+        assert store is not None and store.options.batch_interval_s == 5.0
+        assert store.delivery.opt.batch_interval_s == 5.0
+    finally:
+        sinks.close(0.5)
+    for bad in ("0", "61", "-1"):
+        with pytest.raises(ConfigError) as exc:
+            from_sources({}, env={"KVSCOPE_CLICKHOUSE_BATCH_INTERVAL_S": bad})
+        assert any("batch interval" in e for e in exc.value.errors)

@@ -42,6 +42,7 @@ class ServeConfig:
     decision_log_max_bytes: int = default("decision_log_max_bytes")
     clickhouse_dsn: str | None = field(default=default("clickhouse_dsn"), repr=False)
     clickhouse_ttl_days: int = default("clickhouse_ttl_days")
+    clickhouse_batch_interval_s: float = default("clickhouse_batch_interval_s")
     data_dir: str = field(default_factory=lambda: default("data_dir"))
     loki_url: str | None = field(default=default("loki_url"), repr=False)
     loki_tenant: str | None = default("loki_tenant")
@@ -104,6 +105,8 @@ class ServeConfig:
             errors.append("Loki URL must start with http:// or https://")
         if self.clickhouse_ttl_days < 1:
             errors.append("ClickHouse TTL must be at least 1 day")
+        if not 0.1 <= self.clickhouse_batch_interval_s <= 60:
+            errors.append("ClickHouse batch interval must be between 0.1 and 60 seconds")
         if not 0.05 <= self.layout_interval_s <= 3600:
             errors.append("layout interval must be between 0.05 and 3600 seconds")
         if not 0.05 <= self.layout_store_interval_s <= 86400:

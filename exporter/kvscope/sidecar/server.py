@@ -27,6 +27,7 @@ from kvscope.sidecar.http.app import create_app
 from kvscope.sidecar.ingest.receiver import Receiver
 from kvscope.sinks.base import SinkManager
 from kvscope.sinks.metrics import SinkCollector
+from kvscope.sinks.options import DeliveryOptions
 from kvscope.state.clients import ClientJoin
 from kvscope.state.hashkey import Keyer, load_or_create
 from kvscope.state.hub import Hub
@@ -161,7 +162,9 @@ def open_sinks(cfg: ServeConfig) -> tuple[SinkManager, ClickHouseSink | None]:
     dsn = cfg.store_dsn()
     if dsn is None:
         return sinks, None
-    store = ClickHouseSink(dsn, ttl_days=cfg.clickhouse_ttl_days, spool_dir=f"{cfg.data_dir}/spool")
+    store = ClickHouseSink(
+        dsn, ttl_days=cfg.clickhouse_ttl_days, spool_dir=f"{cfg.data_dir}/spool",
+        options=DeliveryOptions(batch_interval_s=cfg.clickhouse_batch_interval_s))
     if dsn.startswith("chdb://"):
         # An embedded store that cannot open (another process holds the directory) is a
         # configuration error: say so now instead of spooling forever.
