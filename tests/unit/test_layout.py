@@ -142,3 +142,22 @@ def test_layout_rows_fill_every_column_of_the_table() -> None:
     assert row["block_group"] == [0] * 5
     assert row["owner_fragments"] == [2]  # 2 then 1: two runs, not one
     assert row["ts"] == 1_700_000_000.25
+
+
+def test_layout_rows_as_arrays_encode_as_the_lists_do() -> None:
+    """The sidecar hands its store the per-block columns as numpy arrays (one concatenation
+    in the Arrow encoder, not a Python int per block); the batch is the same."""
+    from kvscope.layout.history import to_row
+    from kvscope.store import arrow
+
+    hub = pool([N, U, U, C, F, U, U, U], {"a": [[2, 1]], "b": [[5, 6, 7]]}, {"a": 20, "b": 40})
+    sampler = LayoutSampler(hub)
+    snaps = [*sampler.tick(now=1_700_000_000.0), *sampler.tick(now=1_700_000_001.0)]
+    lists = [to_row(r) for s in snaps for r in layout_rows(s)]
+    arrays = [to_row(r) for s in snaps for r in layout_rows(s, arrays=True)]
+    assert isinstance(arrays[0].owner, np.ndarray) and isinstance(lists[0].owner, list)
+    assert [r.owner.tolist() for r in arrays] == [r.owner for r in lists]
+    a = arrow.to_record_batch("layout_snapshots", lists)
+    b = arrow.to_record_batch("layout_snapshots", arrays)
+    assert a.equals(b) and a.num_rows == len(snaps)
+    assert arrow.encode("layout_snapshots", lists) == arrow.encode("layout_snapshots", arrays)

@@ -91,7 +91,7 @@ class Sidecar:
         # A snapshot's row is three lists of one entry per block: built only for a store.
         if self.sinks.wants("layout_snapshots"):
             for kept in self.layout_cadence.pick(snap):
-                for r in layout_rows(kept):
+                for r in layout_rows(kept, arrays=True):
                     self.sinks.emit(to_row(r))
 
     def _route(self, row: object) -> None:

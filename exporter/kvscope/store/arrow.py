@@ -53,9 +53,25 @@ def to_record_batch(table: str, rows: Sequence[Any]) -> pa.RecordBatch:
         if f.type == TIMESTAMP:
             ms = np.rint(np.asarray(col, dtype=np.float64) * 1000.0).astype(np.int64)
             arrays.append(pa.array(ms, type=TIMESTAMP))
+        elif (col and pa.types.is_list(f.type) and pa.types.is_integer(f.type.value_type)
+              and all(isinstance(v, np.ndarray) for v in col)):
+            arrays.append(_list_of_arrays(col, f.type))
         else:
             arrays.append(pa.array(col, type=f.type))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _list_of_arrays(col: list[np.ndarray], typ: pa.ListType) -> pa.Array:
+    """A list column whose values are numpy arrays (a layout row's per-block arrays, 131,072
+    entries at 128k blocks), built from one concatenation: 0.9 ms for 8 such rows, where
+    ``pa.array`` took 80 ms from the arrays and 21 ms from Python lists."""
+    offsets = np.zeros(len(col) + 1, np.int64)
+    np.cumsum([v.size for v in col], out=offsets[1:])
+    if offsets[-1] >= 2**31:  # past a list array's int32 offsets: let pyarrow say so
+        return pa.array(col, type=typ)
+    values = np.concatenate(col).astype(np.int64, copy=False)  # list[int] is int64
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)),
+                                    pa.array(values, type=typ.value_type))
 
 
 def encode(table: str, rows: Sequence[Any]) -> pa.Buffer:
