@@ -45,6 +45,7 @@ RING_BYTES = 64 << 20
 _encode = msgspec.msgpack.Encoder().encode
 _NO_IDS: dict[str, int] = {}
 _NO_COUNTS: list[int] = []  # shared empties, never modified
+_NO_IDS_LIST: list[str] = []
 
 
 class Recorder(PoolMirror):
@@ -75,6 +76,9 @@ class Recorder(PoolMirror):
         self.pushed_bytes = 0  # written by the engine thread only
         self.popped_bytes = 0  # written by the sender thread only
         self.seq = 0
+        self.prev_cached: list[str] | None = None
+        """``cached_ids`` of the last step record pushed, when the next may refer to it
+        (``Step.cached_same``); None after a keyframe, a dropped record or a fault."""
         self.ring_dropped = 0
         self.send_dropped = 0  # written by the sender thread only
         self.faults = 0
@@ -114,6 +118,7 @@ class Recorder(PoolMirror):
                 or self.pushed_bytes - self.popped_bytes + len(data) > self.ring_bytes):
             self.ring_dropped += 1
             self.want_keyframe = True
+            self.prev_cached = None
             return
         self.pushed_bytes += len(data)
         self.ring.append((seq, data))
@@ -142,6 +147,7 @@ class Recorder(PoolMirror):
         intact and must not cost the engine thread a repair."""
         self.faults += 1
         self.want_keyframe = True
+        self.prev_cached = None
         if rescan:
             self.mark_dirty()
         if self.faults == 1:
@@ -273,14 +279,21 @@ class Recorder(PoolMirror):
         audit = self.audit(sched.running, self.mgr.get_block_ids) if self.audit_due() else None
         if audit is not None and audit.mirror_fixed:  # the ledger may hold it too: resend
             self.want_keyframe = True
+        ids = c.req_ids
+        prev = self.prev_cached
+        same = prev is not None and ids == prev  # identity compares: ~1 us at 256
+        if not same:
+            prev = list(ids)  # vLLM's list is not kept: a copy the next step compares with
+        dropped = self.ring_dropped
         self.push(wire.Step(
-            _wall(), ops, new, sent, c.req_ids, c.num_computed_tokens,
+            _wall(), ops, new, sent, _NO_IDS_LIST if same else prev, c.num_computed_tokens,
             list(compress(c.req_ids, nb)), list(filter(None, nb)), c.resumed_req_ids,
             nulled, moved, out.finished_req_ids, out.preempted_req_ids, pre, arrivals, ends,
             out.total_num_scheduled_tokens, sched.max_num_scheduled_tokens,
             len(sched.running), waiting, head[0], head[1], free, schedule_ns,
-            self.last_probe_ns, rolled, audit, counts,
+            self.last_probe_ns, rolled, audit, counts, same,
         ))
+        self.prev_cached = prev if self.ring_dropped == dropped else None
         if self.repair_at is not None:
             self.repair_slice()
         due = t_end >= self.next_keyframe_ns
@@ -327,3 +340,4 @@ class Recorder(PoolMirror):
         tables = {r.request_id: get_ids(r.request_id) for r in holders}
         tokens = {r.request_id: int(r.num_computed_tokens) for r in holders}
         self.push(wire.Keyframe(self.hello, self.states, tables, tokens))
+        self.prev_cached = None  # the step after a keyframe carries its whole list

@@ -18,9 +18,10 @@ import msgspec
 WIRE_VERSION = 3
 VERSION_TAG = b"kvscope/3"
 ACCEPTED_TAGS = frozenset({b"kvscope/2", VERSION_TAG})
-"""Version 3 may send a step's scheduled tokens as ``Step.scheduled_counts``; a version-2
-probe's frames decode the same (the field is absent: empty). A version-2 sidecar refuses
-version 3 by its tag rather than read an empty ``num_scheduled`` as nothing scheduled."""
+"""Version 3 may send a step's scheduled tokens as ``Step.scheduled_counts`` and its
+``cached_ids`` as "the previous step's" (``Step.cached_same``); a version-2 probe's frames
+decode the same (the fields are absent). A version-2 sidecar refuses version 3 by its tag
+rather than read an empty ``num_scheduled`` or ``cached_ids`` as nothing scheduled."""
 
 # Block operation kinds (first element of an op tuple).
 OP_ALLOC = 0  # free -> used (get_new_blocks, touch of a free block)
@@ -248,6 +249,12 @@ class Step(msgspec.Struct, tag="step", array_like=True, frozen=True):
     ``new_reqs``: sent instead of ``num_scheduled`` when vLLM's own dict lists exactly those
     requests in that order (the probe compares the two before it sends this form), so a
     step's ~256 request IDs travel once, not twice."""
+    cached_same: bool = False
+    """``cached_ids`` is empty because it is the previous step record's list again (a
+    decoding engine schedules the same running requests in the same order step after
+    step). The probe sends the whole list after every keyframe, every record it dropped and
+    every contained fault, so a sidecar that missed a record is stale (and says so) only
+    until the next keyframe. Read the step through ``EngineState``, which resolves it."""
 
 
 class Keyframe(msgspec.Struct, tag="keyframe", array_like=True, frozen=True):

@@ -76,3 +76,35 @@ def test_a_new_session_replaces_a_silent_engine_state() -> None:
     assert st.hello.session == "s2" and st.counters.preemptions["kv_full"] == 0
     assert list(hub.engines) == ["0"] and not hub.collisions
     _ = frame
+
+
+def test_a_step_that_sends_the_same_list_is_read_against_the_one_before() -> None:
+    """Wire version 3: ``cached_same`` steps reuse the previous step's ``cached_ids``; after
+    a missed frame the list is unknown, the ledger says stale (no error, the frame's other
+    facts kept) until a keyframe and the whole list again."""
+    hub = Hub()
+    kf = wire.Keyframe(hello=hello(num_blocks=10), states=bytes([3, 2, 2] + [0] * 7),
+                       tables={"a": [[1]], "b": [[2]]}, tokens={"a": 10, "b": 20})
+    assert feed(hub, [hello(num_blocks=10), kf], 0)
+    st = hub.engines["0"]
+    whole = step(cached_ids=["a", "b"], cached_computed=[10, 20], scheduled_counts=[1, 1],
+                 free_blocks=7)
+    same = step(cached_same=True, cached_computed=[11, 21], scheduled_counts=[1, 1],
+                free_blocks=7)
+    assert feed(hub, [whole, same], 2)
+    assert st.ledger.synced and st.ledger.tokens == {"a": 12, "b": 22}
+    assert st.last_step is not None and st.last_step.cached_ids == ["a", "b"]
+    assert st.last_step.num_scheduled == {"a": 1, "b": 1}
+    # records 4 and 5 never arrive: "the same" cannot be read, and nothing is refused
+    end = wire.End("a", "FINISHED_STOPPED", 8, 4, 0, 0, 3.0)
+    assert feed(hub, [step(cached_same=True, cached_computed=[14, 24],
+                           scheduled_counts=[1, 1], free_blocks=7, ends=[end])], 6)
+    assert not st.ledger.synced and st.counters.gaps == 1
+    assert st.counters.ends == {"FINISHED_STOPPED": 1}  # the record's other facts kept
+    assert feed(hub, [kf, step(cached_ids=["a", "b"], cached_computed=[30, 40],
+                               scheduled_counts=[1, 1], free_blocks=7)], 7)
+    assert st.ledger.synced and st.ledger.tokens == {"a": 31, "b": 41}
+    # a forged "same" whose counts do not fit the list is refused with a reason
+    assert not feed(hub, [step(cached_same=True, cached_computed=[1], scheduled_counts=[1],
+                               free_blocks=7)], 9)
+    assert hub.rejected["invalid"] == 1

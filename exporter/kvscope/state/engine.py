@@ -98,6 +98,9 @@ class EngineState:
         self.extremes = Extremes()
         self.listeners = listeners if listeners is not None else []
         self.next_seq = 0
+        self.prev_cached: list[str] | None = None
+        """The last step's ``cached_ids``, for a step that sends "the same" (None after a
+        gap)."""
         self.last_step: wire.Step | None = None
         self.last_record_monotonic = time.monotonic()
         self.probe_dropped = 0
@@ -125,6 +128,7 @@ class EngineState:
         if frame.first_seq != self.next_seq:
             self.counters.gaps += 1
             self.ledger.synced = False
+            self.prev_cached = None
         if frame.faults > self.probe_faults:
             self.ledger.synced = False
         self.next_seq = frame.first_seq + len(frame.records)
@@ -149,10 +153,27 @@ class EngineState:
             raise ValueError(f"{type(record).__name__} in an engine frame")
 
     # -- steps --------------------------------------------------------------------------
-    def _step(self, s: wire.Step) -> None:
+    def _resolve(self, s: wire.Step) -> wire.Step:
+        """The step with its ``cached_ids`` and ``num_scheduled`` written out, whichever
+        compact form the probe sent (wire version 3); remembers the list for the next."""
+        if s.cached_same:
+            ids = self.prev_cached
+            if ids is None:  # a record was missed: the list is unknown until the probe
+                self.ledger.synced = False  # resends it (after its next keyframe)
+                return msgspec.structs.replace(s, cached_same=False, cached_computed=[],
+                                               scheduled_counts=[], num_scheduled={})
+            if len(ids) != len(s.cached_computed):
+                raise ValueError(f"{len(s.cached_computed)} computed counts for the "
+                                 f"previous step's {len(ids)} requests")
+            s = msgspec.structs.replace(s, cached_ids=ids, cached_same=False)
+        self.prev_cached = s.cached_ids
         if s.scheduled_counts:  # the IDs came once (cached_ids, new_reqs): the dict, rebuilt
             s = msgspec.structs.replace(s, num_scheduled=wire.scheduled_tokens_of(s),
                                         scheduled_counts=[])
+        return s
+
+    def _step(self, s: wire.Step) -> None:
+        s = self._resolve(s)
         led = self.ledger
         c = self.counters
         c.steps += 1
