@@ -168,11 +168,21 @@ def test_full_spool_drops_by_policy_and_counts(store: Any, database: str, chdb_d
                                                tmp_path: Path, policy: str) -> None:
     flaky = SwitchableStore(lambda: clickhouse_connect.get_client(dsn=chdb_dsn))
     flaky.down.set()
+    # The batch the sending thread is trying is in flight and cannot be dropped (its file is
+    # being read). With the test's fast backoff that thread re-took the oldest batch every
+    # few ms, so on a loaded machine the spool sometimes overflowed during a try and the
+    # oldest batch outlived drop_oldest (a CI run: rows 0-99 stored). Now the first batch
+    # is written alone and the rest only once the thread has failed it (after its look at
+    # the store at start): it then waits 5 s, and the overflows find no batch in flight.
     opts = replace(FAST, batch_rows=100, max_queue_rows=100_000, spool_max_bytes=64 << 10,
-                   spool_policy=policy)
+                   spool_policy=policy, backoff_initial_s=5.0, backoff_max_s=5.0)
     sink = sink_for(chdb_dsn, database, tmp_path / "spool", options=opts,
                     connect=flaky.connect)
-    for i in range(2000):
+    for i in range(100):
+        sink.write("request_traces", trace(i))
+    wait_until("the look and the first batch failed", lambda: sink.delivery.send_errors >= 2,
+               10.0)
+    for i in range(100, 2000):
         sink.write("request_traces", trace(i))
     assert not sink.flush(0.5)
     st = sink.stats()
