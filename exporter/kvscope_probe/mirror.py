@@ -154,7 +154,11 @@ class PoolMirror:
         """The ops (settled), nullings and relocations since the last call; resets them."""
         self.settle()
         ops, nulled, moved = self.ops, self.nulled, self.relocated
-        self.ops, self.nulled, self.relocated = [], [], []
+        self.ops = []
+        if nulled:  # almost always empty: the same list stays (it is encoded at once), so
+            self.nulled = []  # a step allocates no container the collector must count
+        if moved:
+            self.relocated = []
         self.settled = 0
         return ops, nulled, moved
 

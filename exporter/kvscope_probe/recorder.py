@@ -46,6 +46,7 @@ _encode = msgspec.msgpack.Encoder().encode
 _NO_IDS: dict[str, int] = {}
 _NO_COUNTS: list[int] = []  # shared empties, never modified
 _NO_IDS_LIST: list[str] = []
+_NO_NEW: list[wire.NewReq] = []
 
 
 class Recorder(PoolMirror):
@@ -256,14 +257,20 @@ class Recorder(PoolMirror):
         """
         sched = self.sched
         ops, nulled, moved = self.take_ops()
-        arrivals, self.arrivals = self.arrivals, []
-        ends, self.ends = self.ends, []
-        pre, self.preemptions = self.preemptions, []
+        # Lists are replaced only when they were used: an empty one is encoded at once and
+        # kept, so a quiet step allocates no container the cyclic collector must count.
+        arrivals, ends, pre = self.arrivals, self.ends, self.preemptions
+        if arrivals:
+            self.arrivals = []
+        if ends:
+            self.ends = []
+        if pre:
+            self.preemptions = []
         free = self.pool.get_num_free_blocks()
         c = out.scheduled_cached_reqs
         nb = c.new_block_ids
         new = [wire.NewReq(r.req_id, r.block_ids, r.num_computed_tokens)
-               for r in out.scheduled_new_reqs] if out.scheduled_new_reqs else []
+               for r in out.scheduled_new_reqs] if out.scheduled_new_reqs else _NO_NEW
         nst = out.num_scheduled_tokens
         order = (c.req_ids + [r.req_id for r in out.scheduled_new_reqs]
                  if out.scheduled_new_reqs else c.req_ids)
@@ -313,9 +320,9 @@ class Recorder(PoolMirror):
         """Counts of requests with drafts in the last two steps that this step did not
         schedule (with async scheduling the rejection lands a step later). Empty, at the
         cost of two truth tests, when nothing speculates."""
-        recent, self.spec_prev = self.spec_prev, list(spec) if spec else []
+        recent, self.spec_prev = self.spec_prev, list(spec) if spec else _NO_IDS_LIST
         if not recent and not self.spec_prev:
-            return {}
+            return _NO_IDS
         reqs = self.sched.requests
         out: dict[str, int] = {}
         for rid in {*recent, *self.spec_prev}.difference(nst):

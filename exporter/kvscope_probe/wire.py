@@ -45,7 +45,7 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class KVGroup(msgspec.Struct, array_like=True, frozen=True):
+class KVGroup(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """One KV cache group of the engine (a plain model has one)."""
 
     kind: str
@@ -57,7 +57,7 @@ class KVGroup(msgspec.Struct, array_like=True, frozen=True):
     other kinds, and in frames of probes before it."""
 
 
-class Hello(msgspec.Struct, tag="hello", array_like=True, frozen=True):
+class Hello(msgspec.Struct, tag="hello", array_like=True, frozen=True, gc=False):
     """Static facts about one engine, sent first and inside every keyframe."""
 
     engine: str
@@ -98,7 +98,7 @@ class Hello(msgspec.Struct, tag="hello", array_like=True, frozen=True):
     """Speculative tokens a step (the scheduler's ``num_spec_tokens``; 0 none)."""
 
 
-class Preemption(msgspec.Struct, array_like=True, frozen=True):
+class Preemption(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """Facts recorded just before vLLM freed a victim's blocks."""
 
     victim: str
@@ -122,7 +122,7 @@ class Preemption(msgspec.Struct, array_like=True, frozen=True):
     ts: float
 
 
-class Arrival(msgspec.Struct, array_like=True, frozen=True):
+class Arrival(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """A request entered the scheduler. Lengths only: never token IDs or text."""
 
     req_id: str
@@ -132,7 +132,7 @@ class Arrival(msgspec.Struct, array_like=True, frozen=True):
     arrival_time: float
 
 
-class End(msgspec.Struct, array_like=True, frozen=True):
+class End(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """A request left the scheduler (finished or aborted)."""
 
     req_id: str
@@ -146,7 +146,7 @@ class End(msgspec.Struct, array_like=True, frozen=True):
     ts: float
 
 
-class NewReq(msgspec.Struct, array_like=True, frozen=True):
+class NewReq(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """A request scheduled for the first time in this step (few per step)."""
 
     req_id: str
@@ -156,7 +156,7 @@ class NewReq(msgspec.Struct, array_like=True, frozen=True):
     """Tokens already computed before this step (prefix-cache hits)."""
 
 
-class Nulled(msgspec.Struct, array_like=True, frozen=True):
+class Nulled(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """Blocks a KV group replaced by the null block in one request's table and released
     (a sliding window moving on: ``_remove_blocks_in_range``)."""
 
@@ -165,7 +165,7 @@ class Nulled(msgspec.Struct, array_like=True, frozen=True):
     block_ids: list[int]
 
 
-class Audit(msgspec.Struct, array_like=True, frozen=True):
+class Audit(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """One slice of vLLM's own pool, read after a step, to check the sidecar's ledger
     against vLLM rather than against the probe's mirror (``PoolMirror.audit``)."""
 
@@ -182,7 +182,7 @@ class Audit(msgspec.Struct, array_like=True, frozen=True):
     """... as vLLM's manager holds it, one list per KV group (``get_block_ids``)."""
 
 
-class Step(msgspec.Struct, tag="step", array_like=True, frozen=True):
+class Step(msgspec.Struct, tag="step", array_like=True, frozen=True, gc=False):
     """One ``Scheduler.schedule()`` call and what happened since the previous one.
 
     Columnar: what every scheduled request contributes is a dict entry and a list slot
@@ -257,7 +257,7 @@ class Step(msgspec.Struct, tag="step", array_like=True, frozen=True):
     until the next keyframe. Read the step through ``EngineState``, which resolves it."""
 
 
-class Keyframe(msgspec.Struct, tag="keyframe", array_like=True, frozen=True):
+class Keyframe(msgspec.Struct, tag="keyframe", array_like=True, frozen=True, gc=False):
     """Full pool state after the preceding step, copied from the probe's mirror."""
 
     hello: Hello
@@ -269,7 +269,7 @@ class Keyframe(msgspec.Struct, tag="keyframe", array_like=True, frozen=True):
     """Computed tokens of every running request."""
 
 
-class ClientStart(msgspec.Struct, tag="client_start", array_like=True, frozen=True):
+class ClientStart(msgspec.Struct, tag="client_start", array_like=True, frozen=True, gc=False):
     """An API request seen by kvscope's middleware in vLLM's API server, before vLLM.
 
     Identity and digests only: never prompt text, never the API key. The digests are
@@ -298,7 +298,7 @@ class ClientStart(msgspec.Struct, tag="client_start", array_like=True, frozen=Tr
     "" from a middleware that predates it: pair on request_id."""
 
 
-class ClientEnd(msgspec.Struct, tag="client_end", array_like=True, frozen=True):
+class ClientEnd(msgspec.Struct, tag="client_end", array_like=True, frozen=True, gc=False):
     """The HTTP answer to a request the middleware saw start."""
 
     request_id: str
@@ -309,7 +309,7 @@ class ClientEnd(msgspec.Struct, tag="client_end", array_like=True, frozen=True):
     """The call_id of its ClientStart."""
 
 
-class Heartbeat(msgspec.Struct, tag="heartbeat", array_like=True, frozen=True):
+class Heartbeat(msgspec.Struct, tag="heartbeat", array_like=True, frozen=True, gc=False):
     """Liveness, sent by the probe's sender thread (never the engine thread) while no
     other record has been sent for a while: an idle engine stays "connected".
 
@@ -328,7 +328,7 @@ CLIENT_ENGINE_PREFIX = "api:"
 """Frames whose engine starts with this come from the API-server middleware."""
 
 
-class Frame(msgspec.Struct, array_like=True, frozen=True):
+class Frame(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """A batch of consecutive records from one probe (or from the middleware)."""
 
     engine: str
