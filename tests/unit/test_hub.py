@@ -108,3 +108,26 @@ def test_a_step_that_sends_the_same_list_is_read_against_the_one_before() -> Non
     assert not feed(hub, [step(cached_same=True, cached_computed=[1], scheduled_counts=[1],
                                free_blocks=7)], 9)
     assert hub.rejected["invalid"] == 1
+
+
+def test_a_refused_frame_leaves_the_same_list_unknown_not_wrong() -> None:
+    """A frame refused part-way (its sequence numbers counted, so no gap follows) loses the
+    list its later steps carried: a "same" step after it is read as unknown (stale, its
+    facts kept), not against an older list (which refused every frame until a keyframe)."""
+    hub = Hub()
+    kf = wire.Keyframe(hello=hello(num_blocks=10), states=bytes([3, 2, 2] + [0] * 7),
+                       tables={"a": [[1]], "b": [[2]]}, tokens={"a": 10, "b": 20})
+    assert feed(hub, [hello(num_blocks=10), kf], 0)
+    st = hub.engines["0"]
+    one = step(cached_ids=["a"], cached_computed=[10], scheduled_counts=[1], free_blocks=7)
+    bad = step(cached_same=True, cached_computed=[11], scheduled_counts=[1],
+               ops=[(wire.OP_ALLOC, [99])], free_blocks=7)  # a block outside the pool
+    two = step(cached_ids=["a", "b"], cached_computed=[12, 20], scheduled_counts=[1, 1],
+               free_blocks=7)  # never read: the frame stops at ``bad``
+    assert not feed(hub, [one, bad, two], 2)
+    assert hub.rejected["invalid"] == 1
+    end = wire.End("b", "FINISHED_STOPPED", 8, 4, 0, 0, 3.0)
+    assert feed(hub, [step(cached_same=True, cached_computed=[13, 21],
+                           scheduled_counts=[1, 1], free_blocks=7, ends=[end])], 5)
+    assert hub.rejected["invalid"] == 1 and not st.ledger.synced
+    assert st.counters.ends == {"FINISHED_STOPPED": 1}

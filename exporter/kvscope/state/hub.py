@@ -79,8 +79,9 @@ class Hub:
                 return False
             except Exception as exc:  # noqa: BLE001 - a bad frame must never stop the receiver
                 state = self.sessions.get(frame.session)
-                if state is not None:
+                if state is not None:  # the frame's later records are lost: no gap says so
                     state.ledger.synced = False
+                    state.prev_cached = None  # nor what "the same list" refers to
                 self.refuse("invalid", f"engine {frame.engine!r}: {exc}")
                 return False
             self.frames += 1  # accepted: a refused frame is counted once, as rejected
