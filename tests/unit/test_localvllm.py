@@ -67,6 +67,13 @@ def test_free_port_is_bindable_on_loopback() -> None:
         sock.bind(("127.0.0.1", port))
 
 
+def test_free_port_never_hands_out_a_port_twice() -> None:
+    """A test that asks for two ports before binding either must get two: CI once gave a
+    sidecar the same port for its probe endpoint and its HTTP server."""
+    ports = [free_port() for _ in range(2000)]
+    assert len(set(ports)) == len(ports)
+
+
 def test_build_requests_is_deterministic_per_seed() -> None:
     spec = LoadSpec(n_requests=50, seed=7)
     assert build_requests(spec) == build_requests(LoadSpec(n_requests=50, seed=7))

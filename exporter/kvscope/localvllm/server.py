@@ -97,11 +97,23 @@ def command(spec: ServerSpec) -> list[str]:
     ]
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1 that was free a moment ago, and never handed out before by
+    this process: the kernel may give a port it gave a moment ago again once its socket is
+    closed (148 repeats in 2,000 calls here), and a test that asks for two ports before
+    binding either (a probe endpoint and an HTTP port) was once given the same one twice."""
+    for _ in range(10_000):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((HOST, 0))
+            port = int(sock.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError(f"no free port left that this process has not handed out "
+                       f"({len(_HANDED_OUT)} handed out)")
 
 
 class ServerExited(RuntimeError):
