@@ -71,6 +71,13 @@ class Clock:
         return self.t
 
 
+def ticking(j: ClientJoin, clock: Clock, seconds: float, every_s: float = 0.1) -> None:
+    """``seconds`` of a sidecar that keeps up: the ingest thread ticks every ``every_s``."""
+    for _ in range(round(seconds / every_s)):
+        clock.t += every_s
+        j.tick()
+
+
 def test_engine_ids_of_vllm_032_give_back_the_request_id_exactly() -> None:
     """The forms vLLM 0.32 builds (serving.py, input_processor.assign_request_id,
     parallel_sampling.get_child_info), around IDs a caller may choose."""
@@ -129,9 +136,38 @@ def test_an_answer_before_its_trace_waits_for_the_join() -> None:
     other = "kvs" + "cd" * 16
     j.on_client(start(rid=other))
     j.on_client(end(rid=other, ts=102.0))
-    clock.t = 6
-    j.tick()
+    ticking(j, clock, 4.9)
+    assert rows(out)[-1].request_id != other
+    ticking(j, clock, 0.2)
     assert rows(out)[-1].request_id == other and rows(out)[-1].preempt_count == -1
+
+
+def test_a_stalled_sidecar_still_joins_what_waited_in_its_queue() -> None:
+    """The answer is read, then the sidecar stalls for 11 s (measured under CI load: its
+    ingest thread descheduled) with the engine's trace queued behind it. The first tick
+    after the stall must not give up on that trace: before, the row was written without
+    its engine request and ``kvscope explain`` answered 404 for the caller's ID."""
+    clock = Clock()
+    j, out = join(join_wait_s=5, clock=clock)
+    j.on_client(start())
+    ticking(j, clock, 1.0)
+    j.on_client(end())
+    clock.t += 11.4  # the stall
+    j.tick()
+    assert not rows(out)
+    j.on_trace(trace(f"cmpl-{RID}-0-deadbeef", preempts=2))
+    (row,) = rows(out)
+    assert row.engine_request_ids == f"cmpl-{RID}-0-deadbeef" and row.preempt_count == 2
+    (t,) = traces(out)
+    assert t.client_id == "team-a" and j.stats.unjoined_traces == 0
+    # the same for a trace that waits for its start: a stall is one tick of waiting
+    other = "kvs" + "cd" * 16
+    j.on_trace(trace(f"cmpl-{other}-0-deadbeef"))
+    clock.t += 30.0
+    j.tick()
+    j.on_client(start(rid=other))
+    j.tick()
+    assert traces(out)[-1].client_id == "team-a" and j.stats.unjoined_traces == 0
 
 
 def test_a_trace_waits_for_its_client_then_goes_unjoined() -> None:
@@ -145,8 +181,9 @@ def test_a_trace_waits_for_its_client_then_goes_unjoined() -> None:
     assert out and out[0].client_id == "team-a"  # type: ignore[attr-defined]
     other = "kvs" + "cd" * 16
     j.on_trace(trace(f"cmpl-{other}-0-deadbeef"))
-    clock.t = 6
-    j.tick()
+    ticking(j, clock, 4.9)
+    assert out[-1].client_id == "team-a"  # type: ignore[attr-defined]
+    ticking(j, clock, 0.2)
     assert out[-1].client_id == "" and j.stats.unjoined_traces == 1  # type: ignore[attr-defined]
 
 

@@ -16,7 +16,11 @@ is written without client fields and counted unjoined: never guessed.
 
 Once a middleware has spoken, a trace whose start has not arrived waits up to
 ``join_wait_s``, then is written unjoined and counted; without one, traces go straight
-out. Digests are keyed (``hashkey.Keyer``) on arrival, before anything keeps them.
+out. Waits are counted in the sidecar's own ticks (``tick``, ~10 a second from the ingest
+thread), each worth at most ``MAX_TICK_S``: a sidecar that stalls (CPU-starved, its
+ingest thread descheduled for seconds: 11 s measured on a loaded 2-core machine) gives
+up on nothing while the records it waits for sit unread in its queue. Digests are keyed
+(``hashkey.Keyer``) on arrival, before anything keeps them.
 Labels for per-client metrics are bounded: the first ``max_clients`` distinct values get
 a label, the rest share ``other``, and every value refused a label is counted.
 """
@@ -40,6 +44,9 @@ _ENGINE_ID = re.compile(r"(?:\d+_)?(chatcmpl|cmpl)-(.*)-[0-9a-f]{8}", re.DOTALL)
 MAX_PENDING = 100_000
 MAX_SAME_KEY = 16
 """Starts kept per request ID; a busier ID is ambiguous anyway."""
+MAX_TICK_S = 1.0
+"""The most one tick adds to the join's clock. Ticks come every ~0.1 s (0.6-0.8 s apart
+when the machine is loaded); a longer gap is the sidecar stalled, not the records late."""
 
 
 def caller_id(engine_request_id: str) -> str | None:
@@ -92,6 +99,9 @@ class ClientJoin:
         self.rows_waiting: list[tuple[float, _Call]] = []
         self.middleware_seen = False
         self.stats = ClientStats(LabelSlots(max_clients), LabelSlots(max_user_agents))
+        self.waited = 0.0
+        """Seconds of the join's clock: time the sidecar spent ticking (see MAX_TICK_S)."""
+        self._last_tick = clock()
 
     # -- from the middleware ----------------------------------------------------------
     def on_client(self, rec: wire.Record) -> None:
@@ -139,7 +149,7 @@ class ClientJoin:
         if c.engine_ids:
             self._write_row(c)
         else:  # the engine's trace usually lands just after the HTTP answer: wait for it
-            self.rows_waiting.append((self.clock() + self.join_wait_s, c))
+            self.rows_waiting.append((self.waited + self.join_wait_s, c))
 
     def _write_row(self, c: _Call) -> None:
         e = c.end
@@ -169,7 +179,7 @@ class ClientJoin:
             return
         key = request_key(rid)
         if not self._settle(key, trace):
-            self.held.append((self.clock() + self.join_wait_s, key, trace))
+            self.held.append((self.waited + self.join_wait_s, key, trace))
             if len(self.held) > MAX_PENDING:
                 self._release(self.held.pop(0)[2])
 
@@ -209,11 +219,14 @@ class ClientJoin:
     def tick(self) -> None:
         """Retry held traces; release those past their wait; forget stale calls."""
         now = self.clock()
+        self.waited += min(max(now - self._last_tick, 0.0), MAX_TICK_S)
+        self._last_tick = now
+        waited = self.waited
         held, self.held = self.held, []
         for deadline, key, trace in held:
             if self._settle(key, trace):
                 continue
-            if now >= deadline:
+            if waited >= deadline:
                 self._release(trace)
             else:
                 self.held.append((deadline, key, trace))
@@ -221,7 +234,7 @@ class ClientJoin:
         for deadline, c in waiting:
             if c.row_written:
                 continue
-            if now >= deadline:
+            if waited >= deadline:
                 self._write_row(c)
             else:
                 self.rows_waiting.append((deadline, c))
