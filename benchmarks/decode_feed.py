@@ -14,6 +14,7 @@ schedule, and the parent's setup, the same in every child, cancels in their diff
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -57,7 +58,12 @@ def requests(running: int, steps: int) -> list[Any]:
 
 
 def run_engine(running: int, pool: int, warm: int, steps: int, wait: bool,
-               interval_s: float = 0.0) -> dict[str, Any]:
+               interval_s: float = 0.0, collector: bool = True) -> dict[str, Any]:
+    """``collector=False``: Python's cyclic collector paused from the first measured step
+    (after ``warm``) for the rest of the process (see ``Collections``): the children of
+    ``fork_runs`` exit right after. Enabled again, it ran what the window had deferred,
+    still inside the child that cachegrind counts (a full collection, ~250 M instructions,
+    in one child of a pair and not the other)."""
     from kvscope.twin.engine import Twin
 
     twin = Twin(config(running, pool), seed=0)
@@ -66,14 +72,53 @@ def run_engine(running: int, pool: int, warm: int, steps: int, wait: bool,
     if wait:
         print("READY", flush=True)
         sys.stdin.readline()
+    gcs = Collections()
+    gcs.counting = warm == 0
+    if warm == 0 and not collector:
+        gc.disable()
+    gc.callbacks.append(gcs)
+
+    def on_step(i: int, _out: Any) -> None:
+        seats.append(len(twin.scheduler.running))
+        if i + 1 == warm:
+            gcs.counting = True
+            if not collector:
+                gc.disable()
+
     t0 = time.perf_counter()
-    res = twin.run(reqs, max_steps=warm + steps, step_interval_s=interval_s,
-                   on_step=lambda i, o: seats.append(len(twin.scheduler.running)))
+    try:
+        res = twin.run(reqs, max_steps=warm + steps, step_interval_s=interval_s,
+                       on_step=on_step)
+    finally:
+        gc.callbacks.remove(gcs)
     wall = time.perf_counter() - t0
     measured = seats[warm:] or [0]
     return {"steps": res.steps, "preemptions": res.preemptions, "wall_s": wall,
             "running_min": min(measured), "running_max": max(measured),
-            "running_mean": sum(measured) / len(measured)}
+            "running_mean": sum(measured) / len(measured), "collections": gcs.counts,
+            "collection_s": [round(x, 6) for x in gcs.seconds]}
+
+
+class Collections:
+    """Python's cyclic collections by generation, counted from the first measured step
+    (``counting``): a full (generation 2) collection of vLLM's heap costs hundreds of
+    millions of instructions, so whether one falls inside a window moves that window's
+    figure more than the probe does. Deterministic for a given allocation sequence."""
+
+    def __init__(self) -> None:
+        self.counting = False
+        self.counts = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self._t0 = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if not self.counting:
+            return
+        if phase == "start":
+            self.counts[info["generation"]] += 1
+            self._t0 = time.perf_counter()
+        else:
+            self.seconds[info["generation"]] += time.perf_counter() - self._t0
 
 
 def load_probe(endpoint: str) -> None:
@@ -94,6 +139,12 @@ def fork_runs(jobs: list[dict[str, Any]], wait: bool) -> None:
     running, pool, warm, steps, probe (endpoint or ""), tag."""
     import kvscope.twin.engine  # noqa: F401 - the setup every child shares
 
+    # Building a scheduler imports ~250 more modules (opentelemetry, grpc, vllm.v1.executor,
+    # ...): a tiny run here does it once for every child. Done in the first child instead,
+    # it compiled what had no .pyc yet, which the next children loaded from disk: ~100 M
+    # instructions of parsing in one child alone moved one pair's figure by 5 M a step.
+    run_engine(8, 400, 0, 60, False)
+
     if wait:  # until the receivers are up
         print("READY", flush=True)
         sys.stdin.readline()
@@ -104,7 +155,7 @@ def fork_runs(jobs: list[dict[str, Any]], wait: bool) -> None:
                 os.environ["KVSCOPE_ENGINE"] = job["tag"]
                 load_probe(job["probe"])
             out = run_engine(job["running"], job["pool"], job["warm"], job["steps"], False,
-                             job.get("interval", 0.0))
+                             job.get("interval", 0.0), job.get("collector", True))
             if job["probe"]:
                 stop_probe()
             print(json.dumps({"job": job, "pid": os.getpid(), **out}), flush=True)
