@@ -9,6 +9,7 @@ requests for every operation of its own /openapi.json, valid and invalid.
 
 from __future__ import annotations
 
+import importlib
 import socket
 import time
 from collections.abc import Iterator
@@ -37,6 +38,33 @@ pytestmark = [pytest.mark.reliability, pytest.mark.twin]
 
 EXAMPLES = 150
 """Cases per operation and generation mode."""
+
+
+def _load_schemathesis_now() -> None:
+    """schemathesis imports most of itself lazily, at the first schema it loads and the
+    first case it draws, and pytest rewrites each such module with ``ast.parse``. CPython
+    3.11.7's AST constructor keeps its recursion depth per interpreter, not per thread
+    (python/cpython#106905): in CI, such a rewrite during the test, after the ``served``
+    fixture had imported vLLM in this process (and its threads), failed with "SystemError:
+    AST constructor recursion depth mismatch". Loading a schema and drawing a case of each
+    mode here, at collection, does those imports before any of that runs."""
+    doc = {"openapi": "3.1.0", "info": {"title": "t", "version": "1"}, "paths": {"/x": {"get": {
+        "parameters": [{"name": "n", "in": "query", "required": True,
+                        "schema": {"type": "integer", "minimum": 0}}],
+        "responses": {"200": {"description": "ok"}}}}}}
+    op = next(iter(schemathesis.openapi.from_dict(doc).get_all_operations())).ok()
+
+    def draw(case: Any) -> None:
+        case.as_transport_kwargs(base_url="http://127.0.0.1:9")
+
+    for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+        settings(max_examples=1, deadline=None, database=None, derandomize=True,
+                 suppress_health_check=list(HealthCheck))(
+            given(case=op.as_strategy(generation_mode=mode))(draw))()
+    importlib.import_module("hypothesis.internal.conjecture.optimiser")  # a long run's
+
+
+_load_schemathesis_now()
 
 
 def push(endpoint: str, messages: list[list[bytes]]) -> None:
