@@ -73,17 +73,14 @@ def run_engine(running: int, pool: int, warm: int, steps: int, wait: bool,
         print("READY", flush=True)
         sys.stdin.readline()
     gcs = Collections()
-    gcs.counting = warm == 0
-    if warm == 0 and not collector:
-        gc.disable()
+    if warm == 0:
+        gcs.start(collector)
     gc.callbacks.append(gcs)
 
     def on_step(i: int, _out: Any) -> None:
         seats.append(len(twin.scheduler.running))
         if i + 1 == warm:
-            gcs.counting = True
-            if not collector:
-                gc.disable()
+            gcs.start(collector)
 
     t0 = time.perf_counter()
     try:
@@ -110,6 +107,12 @@ class Collections:
         self.counts = [0, 0, 0]
         self.seconds = [0.0, 0.0, 0.0]
         self._t0 = 0.0
+
+    def start(self, collector: bool) -> None:
+        """The first measured step: count from here; pause the collector unless asked."""
+        self.counting = True
+        if not collector:
+            gc.disable()
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
         if not self.counting:

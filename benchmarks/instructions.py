@@ -38,11 +38,11 @@ in this engine (at most ~20 generation-0 and one full collection in 3,000 steps:
 ``probe_gc.py``), but a full one of vLLM's heap costs ~250 M instructions (244 ms natively
 at 256 running), and it lands in a 100-step window by chance: the preempting pair at 256
 running read x1.095-x1.10 with one in its "on" window: where a collection fell, not what
-the probe costs. Paused, and
-not enabled again (which ran the deferred collection inside the same child), the windows
-count the probe's own work; whether the probe makes collections more frequent is measured
-apart, natively over thousands of steps (``probe_gc.py``: collections follow allocations,
-not time). The table's last column counts full collections in each window.
+the probe costs. Paused, and not enabled again (which ran the deferred collection inside
+the same child), the windows count the probe's own work; whether the probe makes
+collections more frequent is measured apart, natively over thousands of steps
+(``probe_gc.py``: collections follow allocations, not time). The table's last column
+counts full collections in each window.
 
 The parent runs a tiny engine before it forks: building a scheduler imports ~250 more
 modules, and the first child used to compile those without a .pyc, which the next
@@ -140,8 +140,7 @@ def per_step(rows: list[dict[str, Any]], key: Any) -> dict[str, Any] | None:
         return None
     a, b = pair
     steps = b["steps"] - a["steps"]
-    full = [y - x for x, y in zip(a.get("collections", [0, 0, 0]),
-                                  b.get("collections", [0, 0, 0]), strict=True)]
+    full = [y - x for x, y in zip(a["collections"], b["collections"], strict=True)]
     return {"ir_per_step": (b["ir"] - a["ir"]) / steps, "steps": steps,
             "running_mean": b["running_mean"], "preemptions": b["preemptions"] - a["preemptions"],
             "collections": full}
