@@ -43,6 +43,14 @@ def open_ui(page: Any, url: str) -> float:
     return time.monotonic() - t0
 
 
+def after_next_poll(page: Any) -> None:
+    """Wait until the page has drawn twice more: a poll that began after the caller
+    changed the sidecar's state has come back. The page polls 1 s after each draw, and a
+    poll under CI load took long enough that a fixed 3 s wait saw the old banner 5 times."""
+    seen = page.evaluate("window.kvscope.draws")
+    page.wait_for_function(f"window.kvscope.draws >= {seen + 2}", timeout=30_000)
+
+
 def pick_blocks(states: np.ndarray, owners: np.ndarray) -> list[int]:
     """The null block, the first free and cached ones, and one block of each owner."""
     picks = [0]
@@ -148,7 +156,8 @@ def test_the_probe_banner_says_what_is_not_recorded_or_not_exact(serve: Any, pag
         st.probe_faults = 1000
         st.audit.mismatches["block_state"] = 3
         banner = page.locator("#probe-banner")
-        banner.wait_for(state="visible", timeout=3000)
+        after_next_poll(page)
+        assert banner.is_visible()
         text = banner.inner_text()
         assert "switched itself off after 1,000 contained errors" in text
         assert "arrivals (Scheduler.add_request lacks parameter request)" in text
@@ -157,4 +166,5 @@ def test_the_probe_banner_says_what_is_not_recorded_or_not_exact(serve: Any, pag
     finally:
         st.hello, st.probe_faults = hello, faults
         st.audit.mismatches.update(mismatches)
-    page.locator("#probe-banner").wait_for(state="hidden", timeout=3000)
+    after_next_poll(page)
+    assert page.locator("#probe-banner").is_hidden()
