@@ -1,21 +1,24 @@
 """The sidecar's cost live: a real ``kvscope serve`` fed by real probes in twin engines.
 
-    python benchmarks/sidecar_live.py [--variants on off] [--engines 1] [--running 256]
-        [--pool 32768] [--interval 0] [--steps 2000] [--py-spy] [--against CHECKOUT]
-        [--out DIR]
+    python benchmarks/sidecar_live.py [--variants on off on-1s] [--engines 1] [--running 256]
+        [--pool 32768] [--interval 0] [--steps 2000] [--skip-s 0] [--py-spy]
+        [--against CHECKOUT] [--out DIR]
 
 Each engine is ``decode_feed.py`` in its own process: vLLM's real scheduler with no model,
 16-token blocks, a ``--pool`` of 32,768 blocks by default, ``--running`` seats kept busy
 by short-prompt, long-output requests, at most one step each ``--interval`` seconds, and
 the probe loaded the way vLLM loads plugins. ``on``: the sidecar as deployed by default
 (the embedded chDB store in its data dir and the decision log to a file); ``off``:
-``--clickhouse-dsn off --decision-log off``.
+``--clickhouse-dsn off --decision-log off``; ``on-1s``: ``on`` with the store's batches
+gathered for 1 s (the default before it was 5 s).
 
 What is measured, per variant: the whole ``kvscope serve`` process's CPU (every thread:
 ingest, HTTP, layout sampler, store) from the moment the engines start stepping until
 the sidecar has ingested their last step, minus its idle CPU rate (measured before the
-engines connect) over the same time, divided by the engine steps it ingested; the rows
-it wrote per second and per step per engine (``kvscope_sink_rows_written_total``); its
+engines connect) over the same time, divided by the engine steps it ingested (with
+``--skip-s``, the window starts that long after the engines start stepping: what each
+engine's connection costs once, its first layout row in the store above all, is left out);
+the rows it wrote per second and per step per engine (``kvscope_sink_rows_written_total``); its
 RSS growth per engine; and with ``--py-spy`` a ``py-spy record -r 200 -f raw --threads``
 profile of the sidecar over the feed, summed by thread and by function. A report, never
 an assertion: prints a table and one JSON line (also ``summary.json``). ``--against``
@@ -48,6 +51,8 @@ VARIANTS = {
     "on": lambda work: [f"--data-dir={work}/data", f"--decision-log={work}/decisions.log"],
     "off": lambda work: ["--clickhouse-dsn=off", "--decision-log=off",
                          f"--data-dir={work}/data"],
+    "on-1s": lambda work: [f"--data-dir={work}/data", f"--decision-log={work}/decisions.log",
+                           "--clickhouse-batch-interval=1"],
 }
 WATCH = ("EngineState._step", "RequestTracker._step", "RequestTracker._event",
          "Ledger.apply_tables", "Ledger.apply", "decode", "LayoutSampler", "snapshot",
@@ -190,14 +195,17 @@ def measure(args: argparse.Namespace, variant: str, work: Path, label: str,
         time.sleep(args.idle_s)
         idle_rate = (side.cpu_seconds() - c0) / (time.monotonic() - t0)
         engines = start_engines(args, endpoint, variant)
-        rows0 = rows_written(side.url)
-        spy = profile(side.pid, vdir / "pyspy.txt") if args.py_spy else None
-        c0, t0, th0 = side.cpu_seconds(), time.monotonic(), os_threads(side.pid)
+        names = [f"{variant}-e{i}" for i in range(args.engines)]
         for p in engines:
             p.stdin.write("\n")
             p.stdin.flush()
+        time.sleep(args.skip_s)  # each engine's connection (its first rows) left out
+        steps0 = sum((sidecar_engine(side.url, e) or {}).get("steps", 0) for e in names)
+        rows0 = rows_written(side.url)
+        spy = profile(side.pid, vdir / "pyspy.txt") if args.py_spy else None
+        c0, t0, th0 = side.cpu_seconds(), time.monotonic(), os_threads(side.pid)
         results = [json.loads(p.stdout.readline()) for p in engines]
-        want = {f"{variant}-e{i}": r["steps"] for i, r in enumerate(results)}
+        want = dict(zip(names, (r["steps"] for r in results), strict=True))
         deadline = time.monotonic() + 120
         seen: dict[str, Any] = {}
         while time.monotonic() < deadline:
@@ -216,7 +224,7 @@ def measure(args: argparse.Namespace, variant: str, work: Path, label: str,
         for e in engines:
             stop_process(e, 10, group=True)
         side.stop()
-    steps = sum(s.get("steps", 0) for s in seen.values())
+    steps = sum(s.get("steps", 0) for s in seen.values()) - steps0
     wall = t1 - t0
     busy = (c1 - c0) - idle_rate * wall
     rows = {k: rows1.get(k, 0.0) - rows0.get(k, 0.0) for k in rows1}
@@ -254,6 +262,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--idle-s", type=float, default=5.0)
     p.add_argument("--settle-s", type=float, default=3.0)
+    p.add_argument("--skip-s", type=float, default=0.0,
+                   help="start measuring this long after the engines start stepping")
     p.add_argument("--py-spy", action="store_true")
     p.add_argument("--against", type=Path, default=None,
                    help="also run another checkout's sidecar, each variant after this one's")

@@ -91,10 +91,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("clickhouse_ttl_days", "KVSCOPE_CLICKHOUSE_TTL_DAYS", "--clickhouse-ttl-days",
             int, 30, "`30`", "days ClickHouse keeps rows"),
     Setting("clickhouse_batch_interval_s", "KVSCOPE_CLICKHOUSE_BATCH_INTERVAL_S",
-            "--clickhouse-batch-interval", float, 1.0, "`1`",
-            "seconds a table's rows gather before one insert (each insert has a fixed cost in "
-            "the store: at 5 the embedded chDB's threads used a quarter of the CPU; rows then "
-            "reach the store up to 5 s later)"),
+            "--clickhouse-batch-interval", float, 5.0, "`5`",
+            "seconds a table's rows gather before one insert: each insert has a fixed cost in "
+            "the store (at 1 the embedded chDB's threads used four times the CPU); rows reach "
+            "the store up to this late, except that `kvscope explain` first delivers what the "
+            "sidecar holds"),
     Setting("data_dir", "KVSCOPE_DATA_DIR", "--data-dir", str, default_data_dir,
             "`~/.local/share/kvscope`", "embedded store and the on-disk spool"),
     Setting("layout_interval_s", "KVSCOPE_LAYOUT_INTERVAL_S", "--layout-interval", float,

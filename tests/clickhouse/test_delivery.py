@@ -268,3 +268,29 @@ def test_write_never_blocks_while_the_store_hangs(database: str, chdb_dsn: str,
     assert sink.stats().rows_dropped.get("request_traces", 0) == 0
     release.set()
     sink.close(0.3)
+
+
+def test_a_fresh_reader_sees_every_row_taken_before_it_whatever_the_batch_interval(
+        store: Any, database: str, chdb_dsn: str, tmp_path: Path) -> None:
+    """explain reads through ``fresh_reader``: a request that ended just now is in the
+    store at once, though the sink gathers rows for a minute before an insert."""
+    sink = sink_for(chdb_dsn, database, tmp_path / "spool",
+                    options=replace(FAST, batch_interval_s=60.0))
+    try:
+        sink.write("request_traces", trace(1))
+        reader = sink.fresh_reader()
+        try:
+            assert count(reader, "request_traces") == 1
+        finally:
+            reader.close()
+        # A second reader within the same second shares that flush: no insert forced
+        sink.write("request_traces", trace(2))
+        reader = sink.fresh_reader()
+        try:
+            assert count(reader, "request_traces") == 1
+        finally:
+            reader.close()
+        assert sink.stats().rows_written["request_traces"] == 1
+    finally:
+        assert sink.close(10)
+    assert count(store, "request_traces") == 2

@@ -45,12 +45,12 @@ def test_the_clickhouse_batch_interval_reaches_the_sink(tmp_path: object) -> Non
     from kvscope.sidecar.server import open_sinks
 
     cfg = from_sources({"clickhouse_dsn": "http://127.0.0.1:9", "data_dir": str(tmp_path)},
-                       env={"KVSCOPE_CLICKHOUSE_BATCH_INTERVAL_S": "5"})
-    assert cfg.clickhouse_batch_interval_s == 5.0
+                       env={"KVSCOPE_CLICKHOUSE_BATCH_INTERVAL_S": "2.5"})
+    assert cfg.clickhouse_batch_interval_s == 2.5
     sinks, store = open_sinks(cfg)
     try:
-        assert store is not None and store.options.batch_interval_s == 5.0
-        assert store.delivery.opt.batch_interval_s == 5.0
+        assert store is not None and store.options.batch_interval_s == 2.5
+        assert store.delivery.opt.batch_interval_s == 2.5
     finally:
         sinks.close(0.5)
     for bad in ("0", "61", "-1"):

@@ -62,7 +62,7 @@ def settle(base: str, steps: int | None, answered: int, timeout_s: float = 20.0)
 
     Stored means: a trace for every ended request, a client row for every answer, and
     the rows written for per-request tables unchanged over two reads 1.5 s apart
-    (ClickHouse batches about once a second; layout and step rows keep coming). Against
+    (the demo's sidecar batches a second at a time; layout and step rows keep coming). Against
     vLLM it also waits for the reconciliation with vLLM's own count to reach 0. Returns
     the last scrape either way; a figure still short at the deadline is shown as it is.
     """

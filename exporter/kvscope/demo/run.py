@@ -52,7 +52,9 @@ def launch_sidecar(endpoint: str, port: int, workdir: Path,
     cmd = [sys.executable, "-m", "kvscope", "serve", "--endpoint", endpoint,
            "--port", str(port), "--log-level", "warning",
            "--decision-log", str(workdir / "decisions.jsonl"), "--data-dir", str(workdir),
-           "--clickhouse-dsn", f"chdb://{workdir / 'chdb'}"]
+           "--clickhouse-dsn", f"chdb://{workdir / 'chdb'}",
+           # the findings are read seconds after the run: rows gathered a second at a time
+           "--clickhouse-batch-interval", "1"]
     if vllm_url:
         cmd += ["--vllm-url", vllm_url, "--vllm-scrape-interval", "1"]
     # The flags say everything; a KVSCOPE_TOKEN or TLS setting meant for a production

@@ -79,7 +79,7 @@ class Sidecar:
         self.layout_cadence = StoreCadence(cfg.layout_store_interval_s)
         history = clickhouse_history(store.client, store.database) if store else None
         self.app.include_router(layout_router(self.hub, self.layout, history))
-        self.app.include_router(explain_router(store.reader if store else None))
+        self.app.include_router(explain_router(store.fresh_reader if store else None))
         # uvicorn re-raises SIGTERM/SIGINT once it has shut down, so nothing after
         # server.run() is guaranteed to run: flush from the app's shutdown instead.
         self.app.router.on_shutdown.append(self.stop_workers)

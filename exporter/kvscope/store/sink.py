@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,12 @@ TRANSIENT_CODES = SCHEMA_CODES | {159, 164, 202, 203, 209, 210, 225, 241, 242, 2
 """Server answers that say "not now" (timeouts, overload, read-only, auth, keeper):
 retried for as long as it takes, the spool bounding what waits."""
 REJECT_AFTER = 5
+FRESH_GAP_S = 1.0
+"""``fresh_reader`` flushes the sink at most this often: readers in a burst share one
+flush, so they force no more than one insert a second per table."""
+FRESH_WAIT_S = 2.0
+"""How long ``fresh_reader`` waits for that flush (a slow or absent store: it reads what
+the store has)."""
 """Attempts before a batch the server keeps refusing for another reason is dropped."""
 
 
@@ -103,6 +110,8 @@ class ClickHouseSink:
         self._connect = connect or self._default_connect
         self._client: Any = None
         self._lock = threading.Lock()
+        self._fresh_lock = threading.Lock()
+        self._fresh_at = float("-inf")
         self.spool = Spool(spool_dir or default_spool_dir(self.target),
                            max_bytes=self.options.spool_max_bytes,
                            policy=self.options.spool_policy, fsync=self.options.fsync)
@@ -170,6 +179,18 @@ class ClickHouseSink:
 
         self.client()  # the schema is applied first
         return clickhouse_connect.get_client(dsn=self.target.dsn, database=self.database)
+
+    def fresh_reader(self) -> Any:
+        """``reader()`` once the rows taken before the call are in the store (within
+        ``FRESH_WAIT_S``): ``kvscope explain`` answers for a request that ended a moment
+        ago whatever ``batch_interval_s`` is. At most one flush each ``FRESH_GAP_S``; a
+        reader in that gap waits for the running flush and reads what it delivered."""
+        with self._fresh_lock:
+            now = time.monotonic()
+            if now - self._fresh_at >= FRESH_GAP_S:
+                self._fresh_at = now
+                self.delivery.flush(FRESH_WAIT_S)
+        return self.reader()
 
     def _drop_client(self) -> None:
         if self._client is not None:
