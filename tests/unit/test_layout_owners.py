@@ -1,5 +1,6 @@
 """The snapshot's owners computed over all tables at once equal reading the tables one
-after another (the loop build_snapshot ran before, kept here as the reference)."""
+after another, and its runs and figures equal a pass over every block for each (what
+build_snapshot did before; kept here as the references)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,16 @@ import numpy as np
 import pytest
 
 from kvscope.layout.owners import owner_figures
-from kvscope.layout.snapshot import fragments, table_runs
+from kvscope.layout.snapshot import (
+    NO_OWNER,
+    SHARED_GROUP,
+    EngineCopy,
+    build_snapshot,
+    encode_runs,
+    fragments,
+    table_runs,
+)
+from kvscope_probe import wire
 
 
 def reference(tables: dict[str, list[list[int]]], n: int, multi: bool):
@@ -62,8 +72,10 @@ def test_owner_figures_equal_the_table_by_table_reading(groups: int) -> None:
         want_owner, want_group, want = reference(tables, n, multi)
         owner = np.full(n, -1, np.int32)
         group = np.full(n, -1 if multi else 0, np.int16)
-        blocks, shared, frags, runs = owner_figures(tables, n, owner, group if multi else None)
+        blocks, shared, frags, runs, listed = owner_figures(tables, n, owner,
+                                                            group if multi else None)
         assert owner.tolist() == want_owner.tolist()
+        assert listed.tolist() == np.flatnonzero(want_owner != -1).tolist()
         assert group.tolist() == want_group.tolist()
         assert [(b, s, f, r) for b, s, f, r in zip(blocks, shared, frags, runs, strict=True)] \
             == [(t, s, f, r) for t, s, f, r in want]
@@ -72,6 +84,49 @@ def test_owner_figures_equal_the_table_by_table_reading(groups: int) -> None:
 def test_negative_ids_take_the_reference_runs() -> None:
     tables = {"a": [[-1, 0, 0, 3, 4]], "b": [[]]}
     owner = np.full(8, -1, np.int32)
-    _, _, _, runs = owner_figures(tables, 8, owner, None)
+    _, _, _, runs, listed = owner_figures(tables, 8, owner, None)
     assert runs == [[table_runs([-1, 0, 0, 3, 4])], [()]]
     assert owner.tolist() == [-1, -1, -1, 0, 0, -1, -1, -1]
+    assert listed.tolist() == [3, 4]
+
+
+def reference_pool(states: np.ndarray, tables: dict[str, list[list[int]]], multi: bool
+                   ) -> tuple[list[list[int]], int, int, int, int]:
+    """The pool's runs and figures as build_snapshot computed them before (a pass over
+    every block for each figure): runs, free, cached, used, longest free run."""
+    n = states.size
+    owner, group, _ = reference(tables, n, multi)
+    used = states == wire.STATE_USED
+    owner[~used] = NO_OWNER
+    if multi:
+        group[~used] = SHARED_GROUP
+    free = states <= wire.STATE_CACHED
+    edges = np.diff(np.concatenate(([0], free.astype(np.int8), [0])))
+    runs = np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1)
+    return (encode_runs(states, owner, group).tolist(), int(np.count_nonzero(free)),
+            int(np.count_nonzero(states == wire.STATE_CACHED)), int(np.count_nonzero(used)),
+            int(runs.max()) if runs.size else 0)
+
+
+@pytest.mark.parametrize("groups", [1, 2, 3])
+def test_a_snapshot_equals_the_pass_per_figure_reading(groups: int) -> None:
+    """build_snapshot splits runs only at state changes and listed blocks: the same runs
+    and figures as reading every block for each, on pools with tables that list free,
+    cached or null blocks, blocks outside the pool and blocks of other tables."""
+    rng = random.Random(100 + groups)
+    kinds = [wire.KVGroup("FullAttentionSpec", 16)] * groups
+    for _ in range(300):
+        n = rng.randint(1, 96)
+        states = np.array([rng.choice((wire.STATE_FREE, wire.STATE_CACHED, wire.STATE_USED,
+                                       wire.STATE_USED)) for _ in range(n)], np.uint8)
+        states[0] = wire.STATE_NULL
+        if rng.random() < 0.3:  # long runs of one state, as in a real pool
+            states[1:] = np.repeat(states[1:], 8)[: n - 1]
+        tables = random_tables(rng, max(n, 2), groups)
+        hello = wire.Hello("e", "s", 1, "0", "m", n, 16, kinds, 64, 64, 8, "fcfs", True, 0.0)
+        snap = build_snapshot(EngineCopy(hello, 1, None, states.tobytes(), tables, {}, None),
+                              1.0)
+        runs, free, cached, used, longest = reference_pool(states, tables, groups > 1)
+        assert snap.runs.tolist() == runs
+        assert (snap.free_blocks, snap.cached_blocks, snap.used_blocks,
+                snap.max_contiguous_free) == (free, cached, used, longest)

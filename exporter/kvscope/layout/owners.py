@@ -17,11 +17,12 @@ import numpy as np
 
 def owner_figures(tables: Mapping[str, list[list[int]]], n: int, owner: np.ndarray,
                   group: np.ndarray | None) -> tuple[list[int], list[int], list[int],
-                                                     list[list[tuple[tuple[int, int], ...]]]]:
+                                                     list[list[tuple[tuple[int, int], ...]]],
+                                                     np.ndarray]:
     """Fill ``owner`` (index of the request in ``tables``' order, per block) and, when
     given, ``group``; return per request its blocks (in the pool, null excluded), shared
     blocks, fragments (``snapshot.fragments`` of each group, summed) and per group its
-    table runs (``snapshot.table_runs``)."""
+    table runs (``snapshot.table_runs``); and the IDs of the blocks it filled, sorted."""
     seg_lens = [len(ids) for t in tables.values() for ids in t]
     nreq = len(tables)
     seg_req = np.fromiter((i for i, t in enumerate(tables.values()) for _ in t), np.int64,
@@ -48,7 +49,7 @@ def owner_figures(tables: Mapping[str, list[list[int]]], n: int, owner: np.ndarr
             np.bincount(vreq, weights=shared, minlength=nreq).astype(np.int64).tolist(),
             np.bincount(req_of[pos], weights=new_frag, minlength=nreq).astype(np.int64)
             .tolist(),
-            _runs_by_request(flat, seg_of, seg_lens, tables))
+            _runs_by_request(flat, seg_of, seg_lens, tables), blocks)
 
 
 def _runs_by_request(flat: np.ndarray, seg_of: np.ndarray, seg_lens: list[int],

@@ -183,34 +183,65 @@ class EngineCopy:
                    sum(st.counters.preemptions.values()))
 
 
+def pool_runs(states: np.ndarray, owner: np.ndarray, group: np.ndarray, listed: np.ndarray,
+              rest_group: int) -> np.ndarray:
+    """``encode_runs`` of a pool whose ``owner`` is ``NO_OWNER`` and whose ``group`` is
+    ``rest_group`` at every block but the ``listed`` ones (sorted block IDs some table
+    lists). First sets them back to those values at listed blocks that are not allocated
+    (a snapshot draws owners of allocated blocks only). A run can then only split where the
+    state changes or at a listed block or the one after it, so what is done per block of
+    the pool is comparing neighbouring states; the rest is per listed block."""
+    n = states.size
+    if n == 0:
+        return np.zeros((0, 4), np.int32)
+    idle = listed[states[listed] != wire.STATE_USED]
+    owner[idle] = NO_OWNER
+    group[idle] = rest_group
+    near = np.concatenate((listed, listed + 1))
+    near = near[(near > 0) & (near < n)]
+    cut = states[1:] != states[:-1]  # cut[i - 1]: a run starts at block i
+    cut[near[(owner[near] != owner[near - 1]) | (group[near] != group[near - 1])] - 1] = True
+    starts = np.flatnonzero(cut)
+    starts += 1
+    starts = np.concatenate(([0], starts))
+    lengths = np.diff(np.append(starts, n))
+    return np.stack(
+        [states[starts], owner[starts], group[starts], lengths], axis=1
+    ).astype(np.int32)
+
+
+def free_run_lengths(runs: np.ndarray) -> np.ndarray:
+    """Lengths of the maximal runs of free (or cached) blocks, from a pool's runs."""
+    free = (runs[:, 0] <= wire.STATE_CACHED).astype(np.int8)
+    edges = np.diff(np.concatenate(([0], free, [0])))
+    at = np.concatenate(([0], np.cumsum(runs[:, 3], dtype=np.int64)))
+    return at[np.flatnonzero(edges == -1)] - at[np.flatnonzero(edges == 1)]
+
+
 def build_snapshot(c: EngineCopy, ts: float) -> Snapshot:
     """Compute a snapshot from a copy of one engine's ledger (no lock needed)."""
     arr = np.frombuffer(c.states, dtype=np.uint8)
     n = arr.size
     multi = len(c.hello.kv_groups) > 1
+    rest = SHARED_GROUP if multi else 0
     owner = np.full(n, NO_OWNER, np.int32)
-    group = np.full(n, SHARED_GROUP if multi else 0, np.int16)
-    blocks, shared, frags, runs_of = owner_figures(c.tables, n, owner,
-                                                   group if multi else None)
+    group = np.full(n, rest, np.int16)
+    blocks, shared, frags, runs_of, listed = owner_figures(c.tables, n, owner,
+                                                           group if multi else None)
     owners = [Owner(rid, blocks[i], frags[i], c.tokens.get(rid, 0), shared[i],
                     tuple(GroupTable(r) for r in runs_of[i]))
               for i, rid in enumerate(c.tables)]
-    used = arr == wire.STATE_USED
-    owner[~used] = NO_OWNER
-    if multi:
-        group[~used] = SHARED_GROUP
-    runs = encode_runs(arr, owner, group)
-    free = arr <= wire.STATE_CACHED
-    edges = np.diff(np.concatenate(([0], free.astype(np.int8), [0])))
-    free_runs = np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1)
+    runs = pool_runs(arr, owner, group, listed, rest)
+    free_runs = free_run_lengths(runs)
+    counts = np.bincount(runs[:, 0], weights=runs[:, 3], minlength=wire.STATE_NULL + 1)
     last = c.last_step
     return Snapshot(
         engine=c.hello.engine, model=c.hello.model, session=c.hello.session, ts=ts,
         step=c.steps, step_ts=last.ts if last else 0.0, num_blocks=n,
         kv_groups=tuple(c.hello.kv_groups), runs=runs, owners=tuple(owners),
-        free_blocks=int(np.count_nonzero(free)),
-        cached_blocks=int(np.count_nonzero(arr == wire.STATE_CACHED)),
-        used_blocks=int(np.count_nonzero(used)),
+        free_blocks=int(counts[wire.STATE_FREE] + counts[wire.STATE_CACHED]),
+        cached_blocks=int(counts[wire.STATE_CACHED]),
+        used_blocks=int(counts[wire.STATE_USED]),
         max_contiguous_free=int(free_runs.max()) if free_runs.size else 0,
         budget_utilization=c.budget_utilization,
         running=last.running if last else 0, waiting=last.waiting if last else 0,
