@@ -9,7 +9,8 @@ per-second rollups and admission decisions are ``rollups.Rollups``.
 A request's block allocations (with 16-token blocks ~16 of 256 decoding requests grow a
 block every step) are not a row each: ``request_allocations.Allocations`` collects them per
 request and writes one ``RequestAllocations`` row of arrays when the request is preempted
-or ends, and for every request still growing once a second of engine time.
+or ends, and for every request still growing every ``FLUSH_EVERY_S`` (5) seconds of
+engine time.
 """
 
 from __future__ import annotations
