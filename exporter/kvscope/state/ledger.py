@@ -240,13 +240,15 @@ class Ledger:
                 self.computed[rid] = n
                 self.scheduled[rid] = 0
         resumed = s.resumed
-        for rid, groups in zip(s.grown_ids, s.grown_blocks, strict=True):
+        nulls = self.nulls
+        for rid, groups in zip(s.grown_ids, s.grown_blocks, strict=True):  # ~16 at 256 running
             table = tables.get(rid)
             if table is None or rid in resumed:
                 self._set_table(rid, groups)
                 continue
             while len(table) < len(groups):
                 table.append([])
-            for g, ids in enumerate(groups):
-                table[g].extend(ids)
-            self._count_nulls(groups, 1)
+            for g, (held, ids) in enumerate(zip(table, groups, strict=False)):  # table: >= groups
+                held.extend(ids)
+                if 0 in ids and g < len(nulls):
+                    nulls[g] += ids.count(0)

@@ -24,17 +24,15 @@ second on top of the ~110 of the requests that ended."""
 
 
 class _Run:
-    __slots__ = ("blocks", "free", "ms0", "offsets", "steps", "tokens", "totals", "ts")
+    """One request's allocations since its last row: (step, epoch ms, blocks, total
+    blocks, free blocks, tokens) each, turned into columns when the row is made."""
 
-    def __init__(self, ts: float) -> None:
+    __slots__ = ("items", "ms0", "ts")
+
+    def __init__(self, ts: float, ms: int) -> None:
         self.ts = ts
-        self.ms0 = epoch_ms(ts)
-        self.steps: list[int] = []
-        self.offsets: list[int] = []
-        self.blocks: list[int] = []
-        self.totals: list[int] = []
-        self.free: list[int] = []
-        self.tokens: list[int] = []
+        self.ms0 = ms
+        self.items: list[tuple[int, int, int, int, int, int]] = []
 
 
 class Allocations:
@@ -44,18 +42,16 @@ class Allocations:
         self.model, self.engine, self.server = model, engine, server
         self.runs: dict[str, _Run] = {}
         self.last_flush_ts: float | None = None
+        self._ts, self._ms = float("nan"), 0  # the last step's time, in store milliseconds
 
     def add(self, rid: str, ts: float, step: int, blocks: int, total: int, free: int,
             tokens: int) -> None:
+        if ts != self._ts:  # ~16 requests grow in one step at 256 running: one conversion
+            self._ts, self._ms = ts, epoch_ms(ts)
         run = self.runs.get(rid)
         if run is None:
-            run = self.runs[rid] = _Run(ts)
-        run.steps.append(step)
-        run.offsets.append(epoch_ms(ts) - run.ms0)
-        run.blocks.append(blocks)
-        run.totals.append(total)
-        run.free.append(free)
-        run.tokens.append(tokens)
+            run = self.runs[rid] = _Run(ts, self._ms)
+        run.items.append((step, self._ms, blocks, total, free, tokens))
 
     def flush(self, rid: str, emit: Callable[[Any], None]) -> None:
         run = self.runs.pop(rid, None)
@@ -75,7 +71,9 @@ class Allocations:
             emit(self._row(rid, run))
 
     def _row(self, rid: str, run: _Run) -> RequestAllocations:
+        steps, ms, blocks, totals, free, tokens = map(list, zip(*run.items, strict=True))
+        ms0 = run.ms0
         return RequestAllocations(
-            ts=run.ts, model=self.model, engine=self.engine, request_id=rid, step=run.steps,
-            offset_ms=run.offsets, blocks=run.blocks, total_blocks=run.totals,
-            free_blocks=run.free, tokens=run.tokens, server=self.server)
+            ts=run.ts, model=self.model, engine=self.engine, request_id=rid, step=steps,
+            offset_ms=[m - ms0 for m in ms], blocks=blocks, total_blocks=totals,
+            free_blocks=free, tokens=tokens, server=self.server)
