@@ -94,8 +94,8 @@ SETTINGS: tuple[Setting, ...] = (
             "--clickhouse-batch-interval", float, 5.0, "`5`",
             "seconds a table's rows gather before one insert: each insert has a fixed cost in "
             "the store (at 1 the embedded chDB's threads used four times the CPU); rows reach "
-            "the store up to this late, except that `kvscope explain` first delivers what the "
-            "sidecar holds"),
+            "the store up to this late (the sidecar's own readers, explain's API and the layout "
+            "history, first deliver what it holds)"),
     Setting("data_dir", "KVSCOPE_DATA_DIR", "--data-dir", str, default_data_dir,
             "`~/.local/share/kvscope`", "embedded store and the on-disk spool"),
     Setting("layout_interval_s", "KVSCOPE_LAYOUT_INTERVAL_S", "--layout-interval", float,

@@ -43,7 +43,7 @@ def test_history_older_than_memory_is_read_from_clickhouse(tmp_path: Path) -> No
         t_start = time.time()
         twin.run(generate(WorkloadSpec(n_requests=40, seed=2)), step_interval_s=0.002)
         plugin.stop_all()
-        time.sleep(2.5)  # one batch interval for the sink, plus a margin
+        time.sleep(2.5)  # the last samples (the read from ClickHouse delivers them first)
         mem = httpx.get(f"{base}/api/layout/history", params={"since": t_start},
                         timeout=10).json()
         assert mem["source"] == "memory" and len(mem["snapshots"]) >= 3

@@ -77,7 +77,7 @@ class Sidecar:
         self.layout = LayoutSampler(self.hub, interval_s=cfg.layout_interval_s)
         self.layout.subscribe(self._layout_rows)
         self.layout_cadence = StoreCadence(cfg.layout_store_interval_s)
-        history = clickhouse_history(store.client, store.database) if store else None
+        history = clickhouse_history(store.fresh_client, store.database) if store else None
         self.app.include_router(layout_router(self.hub, self.layout, history))
         self.app.include_router(explain_router(store.fresh_reader if store else None))
         # uvicorn re-raises SIGTERM/SIGINT once it has shut down, so nothing after

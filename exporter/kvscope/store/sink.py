@@ -180,17 +180,27 @@ class ClickHouseSink:
         self.client()  # the schema is applied first
         return clickhouse_connect.get_client(dsn=self.target.dsn, database=self.database)
 
-    def fresh_reader(self) -> Any:
-        """``reader()`` once the rows taken before the call are in the store (within
-        ``FRESH_WAIT_S``): ``kvscope explain`` answers for a request that ended a moment
-        ago whatever ``batch_interval_s`` is. At most one flush each ``FRESH_GAP_S``; a
-        reader in that gap waits for the running flush and reads what it delivered."""
+    def fresh(self) -> None:
+        """Deliver the rows taken so far before a read through the sidecar's API (waiting
+        at most ``FRESH_WAIT_S``): ``kvscope explain`` answers for a request that ended a
+        moment ago, and the layout history has the last samples, whatever
+        ``batch_interval_s`` is. At most one flush each ``FRESH_GAP_S``; a reader in that
+        gap waits for the running flush and reads what it delivered."""
         with self._fresh_lock:
             now = time.monotonic()
             if now - self._fresh_at >= FRESH_GAP_S:
                 self._fresh_at = now
                 self.delivery.flush(FRESH_WAIT_S)
+
+    def fresh_reader(self) -> Any:
+        """``reader()`` after ``fresh()``."""
+        self.fresh()
         return self.reader()
+
+    def fresh_client(self) -> Any:
+        """``client()`` after ``fresh()``."""
+        self.fresh()
+        return self.client()
 
     def _drop_client(self) -> None:
         if self._client is not None:
