@@ -34,13 +34,13 @@ TRANSIENT_CODES = SCHEMA_CODES | {159, 164, 202, 203, 209, 210, 225, 241, 242, 2
 """Server answers that say "not now" (timeouts, overload, read-only, auth, keeper):
 retried for as long as it takes, the spool bounding what waits."""
 REJECT_AFTER = 5
-FRESH_GAP_S = 1.0
-"""``fresh_reader`` flushes the sink at most this often: readers in a burst share one
-flush, so they force no more than one insert a second per table."""
-FRESH_WAIT_S = 2.0
-"""How long ``fresh_reader`` waits for that flush (a slow or absent store: it reads what
-the store has)."""
 """Attempts before a batch the server keeps refusing for another reason is dropped."""
+FRESH_GAP_S = 1.0
+"""``fresh`` flushes the sink at most this often: readers in a burst share one flush, so
+they force no more than one insert a second per table."""
+FRESH_WAIT_S = 2.0
+"""How long ``fresh`` waits for that flush (a slow or absent store: the reader reads what
+the store has)."""
 
 
 
