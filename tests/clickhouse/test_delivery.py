@@ -276,20 +276,20 @@ def test_a_fresh_reader_sees_every_row_taken_before_it_whatever_the_batch_interv
     store at once, though the sink gathers rows for a minute before an insert."""
     sink = sink_for(chdb_dsn, database, tmp_path / "spool",
                     options=replace(FAST, batch_interval_s=60.0))
+
+    def stored() -> int:
+        reader = sink.fresh_reader()
+        try:
+            return count(reader, "request_traces")
+        finally:
+            reader.close()
+
     try:
         sink.write("request_traces", trace(1))
-        reader = sink.fresh_reader()
-        try:
-            assert count(reader, "request_traces") == 1
-        finally:
-            reader.close()
+        assert stored() == 1
         # A second reader within the same second shares that flush: no insert forced
         sink.write("request_traces", trace(2))
-        reader = sink.fresh_reader()
-        try:
-            assert count(reader, "request_traces") == 1
-        finally:
-            reader.close()
+        assert stored() == 1
         assert sink.stats().rows_written["request_traces"] == 1
     finally:
         assert sink.close(10)
