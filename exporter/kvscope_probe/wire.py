@@ -368,17 +368,23 @@ def encode(frame: Frame) -> list[bytes]:
     return [VERSION_TAG, _encoder.encode(frame)]
 
 
-def scheduled_tokens_of(s: Step) -> dict[str, int]:
-    """The step's scheduled tokens per request, whichever form the probe sent; raises
-    ValueError when the counts do not match the requests they are for."""
-    if not s.scheduled_counts:
-        return s.num_scheduled
+def scheduled_ids(s: Step) -> list[str]:
+    """The requests ``scheduled_counts`` is for, in its order (``cached_ids``, then the new
+    requests); raises ValueError when the counts do not match them."""
     if s.num_scheduled:
         raise ValueError("a step with both num_scheduled and scheduled_counts")
     ids = s.cached_ids + [r.req_id for r in s.new_reqs] if s.new_reqs else s.cached_ids
     if len(ids) != len(s.scheduled_counts):
         raise ValueError(f"{len(s.scheduled_counts)} scheduled counts for {len(ids)} requests")
-    return dict(zip(ids, s.scheduled_counts, strict=True))
+    return ids
+
+
+def scheduled_tokens_of(s: Step) -> dict[str, int]:
+    """The step's scheduled tokens per request, whichever form the probe sent; raises
+    ValueError when the counts do not match the requests they are for."""
+    if not s.scheduled_counts:
+        return s.num_scheduled
+    return dict(zip(scheduled_ids(s), s.scheduled_counts, strict=True))
 
 
 def decode(parts: list[bytes]) -> Frame:

@@ -94,7 +94,7 @@ def test_a_step_that_sends_the_same_list_is_read_against_the_one_before() -> Non
     assert feed(hub, [whole, same], 2)
     assert st.ledger.synced and st.ledger.tokens == {"a": 12, "b": 22}
     assert st.last_step is not None and st.last_step.cached_ids == ["a", "b"]
-    assert st.last_step.num_scheduled == {"a": 1, "b": 1}
+    assert wire.scheduled_tokens_of(st.last_step) == {"a": 1, "b": 1}
     # records 4 and 5 never arrive: "the same" cannot be read, and nothing is refused
     end = wire.End("a", "FINISHED_STOPPED", 8, 4, 0, 0, 3.0)
     assert feed(hub, [step(cached_same=True, cached_computed=[14, 24],

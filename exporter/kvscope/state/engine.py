@@ -154,8 +154,10 @@ class EngineState:
 
     # -- steps --------------------------------------------------------------------------
     def _resolve(self, s: wire.Step) -> wire.Step:
-        """The step with its ``cached_ids`` and ``num_scheduled`` written out, whichever
-        compact form the probe sent (wire version 3); remembers the list for the next."""
+        """The step with its ``cached_ids`` written out, whichever compact form the probe
+        sent (wire version 3), and its scheduled counts checked against the requests they
+        are for (the ledger applies them in place, no dict of them is built: read them
+        through ``wire.scheduled_tokens_of``); remembers the list for the next."""
         if s.cached_same:
             ids = self.prev_cached
             if ids is None:  # a record was missed: the list is unknown until the probe
@@ -167,9 +169,8 @@ class EngineState:
                                  f"previous step's {len(ids)} requests")
             s = msgspec.structs.replace(s, cached_ids=ids, cached_same=False)
         self.prev_cached = s.cached_ids
-        if s.scheduled_counts:  # the IDs came once (cached_ids, new_reqs): the dict, rebuilt
-            s = msgspec.structs.replace(s, num_scheduled=wire.scheduled_tokens_of(s),
-                                        scheduled_counts=[])
+        if s.scheduled_counts:  # the IDs came once (cached_ids, new_reqs)
+            wire.scheduled_ids(s)  # raises before anything is applied when they do not match
         return s
 
     def _step(self, s: wire.Step) -> None:

@@ -234,7 +234,14 @@ class Ledger:
             self._set_table(r.req_id, r.block_ids)
             self.computed[r.req_id] = r.computed_tokens
         self.computed.update(zip(s.cached_ids, s.cached_computed, strict=True))
-        self.scheduled.update(s.num_scheduled)
+        counts = s.scheduled_counts
+        if counts:  # cached_ids' counts, then the new requests' (checked by the caller)
+            scheduled = self.scheduled
+            scheduled.update(zip(s.cached_ids, counts, strict=False))
+            for r, n in zip(s.new_reqs, counts[len(s.cached_ids):], strict=True):
+                scheduled[r.req_id] = n
+        else:
+            self.scheduled.update(s.num_scheduled)
         for rid, n in s.rolled_back.items():
             if rid in tables:
                 self.computed[rid] = n

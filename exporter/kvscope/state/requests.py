@@ -186,7 +186,13 @@ class RequestTracker:
 
     def _first_tokens(self, reqs: OrderedDict[str, Live], pending: set[str], led: Any,
                       s: wire.Step) -> None:
-        sched = s.num_scheduled
+        if not pending:
+            return
+        sched: Any = s.num_scheduled
+        if s.scheduled_counts:  # the requests scheduled this step (a few are pending)
+            sched = s.cached_ids + [r.req_id for r in s.new_reqs]
+            if len(pending) > 8:
+                sched = set(sched)
         for rid in [r for r in pending if r in sched]:
             live = reqs.get(rid)
             if live is None:
