@@ -17,7 +17,8 @@ between) is the mode's instructions per ingested engine step, import and setup c
 - ``hub``: the ``Hub`` alone (ledger, counters, rollups, audits; no request rows);
 - ``floor``: what any reader of this wire must do per step to keep each running
   request's token counts: decode the frame, then the computed and the scheduled tokens
-  of every scheduled request into two dictionaries. Nothing kvscope reports is built.
+  of every scheduled request into two dictionaries. Nothing kvscope reports is built;
+- ``decode``: the floor's decode alone.
 
 Repeats are identical (same count to the instruction): the children run with
 ``PYTHONHASHSEED=0`` (string hashes are seeded per process), ``OPENBLAS_NUM_THREADS=1``
@@ -51,7 +52,7 @@ import msgspec
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-MODES = ("full", "hub", "floor")
+MODES = ("full", "hub", "floor", "decode")
 
 
 # -- recording ---------------------------------------------------------------------------
@@ -113,8 +114,8 @@ class _StepClock:
 def replay(mode: str, path: Path, n: int) -> dict[str, Any]:
     gc.disable()
     frames = msgspec.msgpack.decode(path.read_bytes(), type=list[list[bytes]])[:n]
-    if mode == "floor":
-        return replay_floor(frames)
+    if mode in ("floor", "decode"):
+        return replay_floor(frames, keep=mode == "floor")
     import kvscope.state.engine as engine_module
     from kvscope.state.hub import Hub
     from kvscope.state.requests import RequestTracker
@@ -131,7 +132,7 @@ def replay(mode: str, path: Path, n: int) -> dict[str, Any]:
             "mismatches": st.counters.ledger_mismatches, "rejected": sum(hub.rejected.values())}
 
 
-def replay_floor(frames: list[list[bytes]]) -> dict[str, Any]:
+def replay_floor(frames: list[list[bytes]], keep: bool) -> dict[str, Any]:
     from kvscope_probe import wire
 
     computed: dict[str, int] = {}
@@ -143,6 +144,8 @@ def replay_floor(frames: list[list[bytes]]) -> dict[str, Any]:
             if type(r) is not wire.Step:
                 continue
             steps += 1
+            if not keep:
+                continue
             ids = prev if r.cached_same else r.cached_ids
             prev = ids
             for q in r.new_reqs:
