@@ -64,6 +64,21 @@ class LoadWatcher(threading.Thread):
                     self.errors += 1
 
 
+def wait_reconciled(url: str, timeout_s: float = 60.0) -> None:
+    """Until the sidecar has read vLLM's /metrics once: before that its reconciliation
+    gauges are absent whatever the ledger (the watcher reads an absent diff as a ledger out
+    of sync, so the load starts after this)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            sample(get_text(f"{url}/metrics"), "kvscope_reconciliation_free_blocks_diff", ENGINE)
+            return
+        except LookupError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def test_probe_runs_in_the_engine_core_process(engine_stack: EngineStack,
                                                first_engine: dict[str, Any]) -> None:
     assert first_engine["num_blocks"] == engine_stack.num_blocks
@@ -81,6 +96,7 @@ def test_counts_reconcile_with_vllm_after_a_mixed_load(
         engine_stack: EngineStack, first_engine: dict[str, Any],
         record_property: pytest.RecordProperty) -> None:
     spec = LoadSpec(n_requests=120, concurrency=32, seed=3)
+    wait_reconciled(engine_stack.sidecar.url)
     watcher = LoadWatcher(engine_stack.sidecar.url)
     watcher.start()
     try:
