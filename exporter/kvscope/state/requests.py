@@ -190,7 +190,7 @@ class RequestTracker:
             return
         sched: Any = s.num_scheduled
         if s.scheduled_counts:  # the requests scheduled this step (a few are pending)
-            sched = s.cached_ids + [r.req_id for r in s.new_reqs]
+            sched = wire.scheduled_ids(s)
             if len(pending) > 8:
                 sched = set(sched)
         for rid in [r for r in pending if r in sched]:
