@@ -112,6 +112,9 @@ def test_each_server_is_its_own_engine_by_default(two: Two) -> None:
         assert (e["server"], e["engine"], e["dp_rank"]) == (f"127.0.0.1:{s.spec.port}", "0", 0)
         assert e["pid"] != s.pid and e["pid"] in live_group_pids(s.pid)  # its EngineCore
     assert two.side.get("/api/engines").json()["identity_collisions"] == []
+    # vLLM's ipc sockets are in each server's own directory, not loose in the temp one
+    for s in two.servers:
+        assert s.rpc_dir is not None and any(p.is_socket() for p in s.rpc_dir.iterdir())
 
 
 def test_per_engine_counts_equal_each_servers_own(two: Two) -> None:
@@ -212,3 +215,4 @@ def test_a_killed_engine_core_is_detected_as_gone(two: Two) -> None:
     print(f"\nkilled EngineCore {pid}: the sidecar read it gone after {gone_s:.2f} s "
           f"(health timeout {TIMEOUT_S:.0f} s; PID checked on this host)")
     victim.stop()
+    assert victim.rpc_dir is not None and not victim.rpc_dir.exists()  # its sockets went too

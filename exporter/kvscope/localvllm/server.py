@@ -8,6 +8,7 @@ processes it forks.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -134,6 +135,11 @@ class VllmServer:
         self._proc: subprocess.Popen[bytes] | None = None
         self._started_at = 0.0
         self._stopped = False
+        self.rpc_dir: Path | None = None
+        """Where vLLM puts its ipc sockets (``VLLM_RPC_BASE_PATH``), private to this
+        server and removed by ``stop``; None when the environment names one already.
+        vLLM's default is the temp directory itself, where each server left its sockets
+        (uuid-named files, never removed)."""
 
     @property
     def pid(self) -> int:
@@ -145,11 +151,18 @@ class VllmServer:
         if self._proc is not None:
             raise RuntimeError("server already started")
         env = {**os.environ, **QUIET_ENV, **self.spec.extra_env}
-        with self.log_path.open("wb") as log:
-            self._proc = subprocess.Popen(
-                command(self.spec), stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, env=env, start_new_session=True,
-            )
+        if "VLLM_RPC_BASE_PATH" not in env:
+            self.rpc_dir = Path(tempfile.mkdtemp(prefix="kvscope-vllm-rpc-"))
+            env["VLLM_RPC_BASE_PATH"] = str(self.rpc_dir)
+        try:
+            with self.log_path.open("wb") as log:
+                self._proc = subprocess.Popen(
+                    command(self.spec), stdin=subprocess.DEVNULL, stdout=log,
+                    stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                )
+        except BaseException:
+            self._remove_rpc_dir()
+            raise
         self._started_at = time.monotonic()
 
     def wait_ready(self, timeout_s: float = 240.0) -> float:
@@ -207,7 +220,12 @@ class VllmServer:
             kill_deadline = time.monotonic() + 5.0
             while live_group_pids(pgid) and time.monotonic() < kill_deadline:
                 time.sleep(0.05)
+        self._remove_rpc_dir()
         return proc.returncode
+
+    def _remove_rpc_dir(self) -> None:
+        if self.rpc_dir is not None:
+            shutil.rmtree(self.rpc_dir, ignore_errors=True)
 
     def log_tail(self, max_lines: int = 40) -> str:
         try:
