@@ -105,6 +105,26 @@ class Prometheus:
             raise AssertionError(f"query failed: {expr!r}: {body}")
         return list(body["data"]["result"])
 
+    def query_range(self, expr: str, start: float, end: float,
+                    step_s: float) -> list[dict[str, Any]]:
+        """``expr`` evaluated every ``step_s`` from ``start`` to ``end`` (Unix seconds)."""
+        r = httpx.get(f"{self.base}/api/v1/query_range", timeout=5.0, params={
+            "query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": str(step_s)})
+        body = r.json()
+        if body.get("status") != "success":
+            raise AssertionError(f"query failed: {expr!r}: {body}")
+        return list(body["data"]["result"])
+
+    def first_sample(self, expr: str, since: float,
+                     step_s: float = 0.5) -> tuple[float, str, dict[str, str]] | None:
+        """The earliest (Unix time, value, labels) at which ``expr`` returned data since
+        ``since``, evaluated every ``step_s`` (half the stacks' 1 s scrape interval, so no
+        scrape is skipped); None when it never did. Unlike an instant query at poll time it
+        finds a condition that held for one scrape however late the poll comes."""
+        series = self.query_range(expr, since, time.time(), step_s)
+        firsts = [(float(ts), value, s["metric"]) for s in series for ts, value in s["values"][:1]]
+        return min(firsts, key=lambda f: f[0]) if firsts else None
+
     def rules(self) -> list[dict[str, Any]]:
         r = httpx.get(f"{self.base}/api/v1/rules", timeout=5.0)
         return [rule for g in r.json()["data"]["groups"] for rule in g["rules"]]

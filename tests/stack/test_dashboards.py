@@ -172,7 +172,7 @@ class Live:
 def _watch(stack: DashStack, exprs: list[Target], out: Live) -> None:
     """Poll every expression (variables set to the first engine and model Prometheus knows)
     until each one expected to answer did, and the feeder is done."""
-    t0 = time.monotonic()
+    t0 = time.time()
     expected = [t.key for t in exprs if t.key not in NO_DATA]
 
     def poll() -> bool:
@@ -186,8 +186,10 @@ def _watch(stack: DashStack, exprs: list[Target], out: Live) -> None:
                               client=".*")
         vals = {**PROM_BUILTINS, **out.values}
         for t in exprs:
-            if t.key not in out.first and stack.prom.query(interpolate(t.text, vals)):
-                out.first[t.key] = time.monotonic() - t0
+            if t.key not in out.first:
+                found = stack.prom.first_sample(interpolate(t.text, vals), t0 - 1.0)
+                if found:
+                    out.first[t.key] = found[0] - t0
         return bool(stack.done()) and all(k in out.first for k in expected)
 
     stack.wait("every PromQL panel with data", poll, 150, every_s=0.5,

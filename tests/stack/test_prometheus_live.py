@@ -193,20 +193,26 @@ class Stack:
 
 
 class Watch:
-    """Polls expressions with /api/v1/query; keeps the first result each one returned."""
+    """Keeps, for each expression, the first instant since the watch began at which it
+    returned data (Prometheus.first_sample: over the whole span, so a condition that held for
+    a few scrapes is found however late a poll round runs; an instant query at poll time
+    missed the burst's busy-budget scrapes when the first round ran late under load)."""
 
     def __init__(self, prom: Prometheus, exprs: list[str]) -> None:
         self.prom = prom
         self.exprs = exprs
         self.first: dict[str, tuple[float, dict[str, Any]]] = {}
         self.t0 = time.monotonic()
+        self.t0_unix = time.time()
 
     def poll(self) -> None:
         for expr in self.exprs:
             if expr not in self.first:
-                result = self.prom.query(expr)
-                if result:
-                    self.first[expr] = (time.monotonic() - self.t0, result[0])
+                found = self.prom.first_sample(expr, self.t0_unix - 1.0)
+                if found:
+                    ts, value, metric = found
+                    self.first[expr] = (ts - self.t0_unix, {"metric": metric,
+                                                             "value": [ts, value]})
 
     def seen(self, expr: str) -> bool:
         return expr in self.first
