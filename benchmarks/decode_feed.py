@@ -24,6 +24,7 @@ from typing import Any
 BLOCK = 16
 NO_PREEMPT_POOL = 32768
 HOLD_STEPS = 640
+FLOOR_DRAIN = 64
 
 
 def config(running: int, pool: int) -> Any:
@@ -58,15 +59,24 @@ def requests(running: int, steps: int) -> list[Any]:
 
 
 def run_engine(running: int, pool: int, warm: int, steps: int, wait: bool,
-               interval_s: float = 0.0, collector: bool = True) -> dict[str, Any]:
+               interval_s: float = 0.0, collector: bool = True,
+               floor: bool = False) -> dict[str, Any]:
     """``collector=False``: Python's cyclic collector paused from the first measured step
     (after ``warm``) for the rest of the process (see ``Collections``): the children of
     ``fork_runs`` exit right after. Enabled again, it ran what the window had deferred,
     still inside the child that cachegrind counts (a full collection, ~250 M instructions,
-    in one child of a pair and not the other)."""
+    in one child of a pair and not the other). ``floor``: the floor's hooks
+    (``micro_floor.install_floor``, installed by the caller) record this twin; its ring is
+    emptied every FLOOR_DRAIN steps (the floor has no sender)."""
     from kvscope.twin.engine import Twin
 
     twin = Twin(config(running, pool), seed=0)
+    rec: Any = None
+    if floor:
+        from micro_floor import FloorRecorder
+
+        rec = FloorRecorder(twin.scheduler)
+        twin.scheduler._kvscope = rec.pool._kvscope = rec
     reqs = requests(running, warm + steps)
     seats: list[int] = []
     if wait:
@@ -79,6 +89,8 @@ def run_engine(running: int, pool: int, warm: int, steps: int, wait: bool,
 
     def on_step(i: int, _out: Any) -> None:
         seats.append(len(twin.scheduler.running))
+        if rec is not None and i % FLOOR_DRAIN == 0:
+            rec.ring.clear()
         if i + 1 == warm:
             gcs.start(collector)
 
@@ -93,7 +105,8 @@ def run_engine(running: int, pool: int, warm: int, steps: int, wait: bool,
     return {"steps": res.steps, "preemptions": res.preemptions, "wall_s": wall,
             "running_min": min(measured), "running_max": max(measured),
             "running_mean": sum(measured) / len(measured), "collections": gcs.counts,
-            "collection_s": [round(x, 6) for x in gcs.seconds]}
+            "collection_s": [round(x, 6) for x in gcs.seconds],
+            **({"floor_records": rec.seq} if rec is not None else {})}
 
 
 class Collections:
@@ -139,7 +152,8 @@ def stop_probe() -> None:
 
 def fork_runs(jobs: list[dict[str, Any]], wait: bool) -> None:
     """One child per job, forked after vLLM is imported (see the module doc); each job:
-    running, pool, warm, steps, probe (endpoint or ""), tag."""
+    running, pool, warm, steps, probe (endpoint or ""), tag; ``floor`` (optional): the
+    floor's hooks instead of the probe (``micro_floor.install_floor``)."""
     import kvscope.twin.engine  # noqa: F401 - the setup every child shares
 
     # Building a scheduler imports ~250 more modules (opentelemetry, grpc, vllm.v1.executor,
@@ -157,8 +171,13 @@ def fork_runs(jobs: list[dict[str, Any]], wait: bool) -> None:
             if job["probe"]:
                 os.environ["KVSCOPE_ENGINE"] = job["tag"]
                 load_probe(job["probe"])
+            if job.get("floor"):
+                from micro_floor import install_floor
+
+                install_floor()
             out = run_engine(job["running"], job["pool"], job["warm"], job["steps"], False,
-                             job.get("interval", 0.0), job.get("collector", True))
+                             job.get("interval", 0.0), job.get("collector", True),
+                             bool(job.get("floor")))
             if job["probe"]:
                 stop_probe()
             print(json.dumps({"job": job, "pid": os.getpid(), **out}), flush=True)

@@ -2,7 +2,7 @@
 
     python benchmarks/instructions.py [--running 256 128 32] [--warm 40] [--short 20]
         [--long 120] [--no-sidecar | --no-probe [--pace N]] [--against CHECKOUT]
-        [--layout-interval S] [--out DIR]
+        [--floor] [--layout-interval S] [--out DIR]
 
 ``valgrind --tool=cachegrind --cache-sim=no`` counts every instruction of every thread
 exactly, so this machine's run-to-run noise does not apply. One engine process
@@ -43,6 +43,13 @@ the same child), the windows count the probe's own work; whether the probe makes
 collections more frequent is measured apart, natively over thousands of steps
 (``probe_gc.py``: collections follow allocations, not time). The table's last column
 counts full collections in each window.
+
+``--floor`` adds two children per setting with the floor's hooks instead of the probe
+(``micro_floor.install_floor``: a layer per pool call keeping its blocks and, after
+``schedule()``, what the sidecar's ledger reads, encoded at once, with each touched
+block's ID, reference count and hash; no op order, preemption facts, blocks-needed hook,
+audit, heartbeat or sender): ``floor / off`` is what the least exact recording costs the
+same engine, the line under which no probe keeping the ledger exact can go.
 
 The parent runs a tiny engine before it forks: building a scheduler imports ~250 more
 modules, and the first child used to compile those without a .pyc, which the next
@@ -100,12 +107,13 @@ def jobs(args: argparse.Namespace, sink: str, sidecars: dict[str, str]) -> list[
     for running in args.running if not args.no_probe else ():
         for pre in (False, True):
             pool = preempting_pool(running) if pre else NO_PREEMPT_POOL
-            for probe in ("", sink):
+            variants = [("off", ""), ("on", sink)] + ([("floor", "")] if args.floor else [])
+            for variant, probe in variants:
                 for n in (args.short, args.long):
                     out.append({"running": running, "pool": pool, "warm": args.warm,
                                 "steps": n, "probe": probe, "preempt": pre,
-                                "tag": f"p{running}-{pool}-{n}",
-                                "collector": args.collector})
+                                "tag": f"p{running}-{pool}-{n}", "variant": variant,
+                                "floor": variant == "floor", "collector": args.collector})
     return out
 
 
@@ -149,23 +157,28 @@ def per_step(rows: list[dict[str, Any]], key: Any) -> dict[str, Any] | None:
 def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[dict[str, Any]]:
     table = []
     print(f"{'running':>7} {'pool':>6} {'preempts':>8} {'off Ir/step':>12} "
-          f"{'on Ir/step':>12} {'+Ir/step':>10} {'on/off':>7} {'full GCs off/on':>16}")
+          f"{'on Ir/step':>12} {'+Ir/step':>10} {'on/off':>7} {'full GCs off/on':>16}"
+          + (f" {'floor +Ir/step':>14} {'floor/off':>9}" if args.floor else ""))
     for running in args.running:
         for pre in (False, True):
             sel = [r for r in rows if r["job"]["running"] == running
                    and r["job"]["preempt"] == pre and "sidecar" not in r["job"]]
-            off = per_step(sel, lambda r: not r["job"]["probe"])
-            on = per_step(sel, lambda r: bool(r["job"]["probe"]))
+            off, on, floor = (per_step(sel, lambda r, v=v: r["job"].get("variant") == v)
+                              for v in ("off", "on", "floor"))
             if off is None or on is None:
                 continue
+            base = off["ir_per_step"]
             row = {"running": running, "pool": sel[0]["job"]["pool"], "off": off, "on": on,
-                   "ratio": on["ir_per_step"] / off["ir_per_step"]}
+                   "ratio": on["ir_per_step"] / base}
+            if floor is not None:
+                row |= {"floor": floor, "floor_ratio": floor["ir_per_step"] / base}
             table.append(row)
             print(f"{running:7d} {row['pool']:6d} {on['preemptions']:8d} "
-                  f"{off['ir_per_step'] / 1e6:11.2f}M {on['ir_per_step'] / 1e6:11.2f}M "
-                  f"{(on['ir_per_step'] - off['ir_per_step']) / 1e3:9.0f}k "
-                  f"{row['ratio']:7.4f} {off['collections'][2]:>8d}/{on['collections'][2]:<7d}",
-                  flush=True)
+                  f"{base / 1e6:11.2f}M {on['ir_per_step'] / 1e6:11.2f}M "
+                  f"{(on['ir_per_step'] - base) / 1e3:9.0f}k "
+                  f"{row['ratio']:7.4f} {off['collections'][2]:>8d}/{on['collections'][2]:<7d}"
+                  + (f" {(floor['ir_per_step'] - base) / 1e3:13.0f}k {row['floor_ratio']:9.4f}"
+                     if floor is not None else ""), flush=True)
     return table
 
 
@@ -182,6 +195,9 @@ def main() -> None:
     p.add_argument("--pace", type=float, default=0.0,
                    help="with --no-probe: run the engine natively at this many steps a "
                         "second instead of under valgrind")
+    p.add_argument("--floor", action="store_true",
+                   help="also count the floor (micro_floor.install_floor: the least a probe "
+                        "keeping the ledger exact does) in two more children per setting")
     p.add_argument("--collector", action="store_true",
                    help="leave Python's cyclic collector running in the measured steps of "
                         "the probe's children (by default it is paused there: see the doc)")
@@ -217,7 +233,7 @@ def main() -> None:
             r = json.loads(line)
             r["ir"] = 0 if args.pace else total_ir(work / f"cg.{r['pid']}")
             rows.append(r)
-            print(f"  job {r['job']['tag']} probe={'on' if r['job']['probe'] else 'off'}: "
+            print(f"  job {r['job']['tag']} {r['job'].get('variant', 'sidecar feed')}: "
                   f"{r['steps']} steps, {r['ir'] / 1e9:.2f} G instructions", flush=True)
             if sides and side is None and len(rows) == len(sides):  # their feeds are done
                 side = sidecar_instructions(sides, rows)
