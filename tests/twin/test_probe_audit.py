@@ -278,3 +278,24 @@ def test_a_vllm_whose_null_block_is_not_block_0_is_not_recorded(
         plugin.enable(None)
     assert "null block is block 5, not 0" in caplog.text
     assert not twin.scheduler._kvscope.enabled  # marked: not retried every step
+
+
+def test_the_audit_reads_each_block_state_as_vllm_holds_it() -> None:
+    """``PoolMirror._read`` (C-level maps, no bytecode per block) equals the test's own
+    scan of vLLM's pool at every step, for the whole pool and for a slice not starting
+    at block 0 (the null block is block 0 only); the run holds every state."""
+    seen: set[int] = set()
+    checked = []
+
+    def at_step(watch: Watch) -> None:
+        rec, truth = watch.probed.rec, truth_states(watch.pool)
+        n = len(truth)
+        assert bytes(rec._read(0, n)) == truth
+        assert bytes(rec._read(37, n - 5)) == truth[37:n - 5]
+        assert bytes(rec._read(5, 5)) == b""
+        seen.update(truth)
+        checked.append(watch.steps)
+
+    run(at_step)
+    assert len(checked) > 100
+    assert seen == {wire.STATE_FREE, wire.STATE_CACHED, wire.STATE_USED, wire.STATE_NULL}
