@@ -30,7 +30,10 @@ Part = Callable[..., Any]
 
 class Hook:
     """One installed wrapper: where it is, vLLM's original, and kvscope's parts (read
-    on every call, so a test can swap one for a faulting stand-in)."""
+    on every call, so a test can swap one for a faulting stand-in). A hook installed with
+    no ``before``, no ``materialize`` and untimed calls vLLM first and finds its Recorder
+    after (``rec_of`` and ``after`` in one guard): a ``before`` set on it later is not
+    called."""
 
     def __init__(self, name: str, owner: Any, attr: str, orig: Callable[..., Any], *,
                  rec_of: Part, before: Part | None, after: Part | None,
@@ -102,6 +105,23 @@ def install(owner: Any, attr: str, *, name: str | None = None, rec_of: Part = re
     h = Hook(name, owner, attr, orig, rec_of=rec_of,
              before=before, after=after, timed=timed, materialize=materialize)
 
+    def after_only(*args: Any, **kwargs: Any) -> Any:
+        # No before part, nothing to materialise, untimed (get_new_blocks: every
+        # allocation): vLLM's call first, then finding the Recorder and the after part in
+        # one guard; half the bytecodes of the general wrapper below.
+        ret = orig(*args, **kwargs)
+        rec = None
+        try:
+            rec_of = h.rec_of
+            rec = args[0]._kvscope if rec_of is rec_of_self else rec_of(args)
+            if rec is not None and rec.enabled:
+                after = h.after
+                if after is not None:
+                    after(rec, args, kwargs, ret, None)
+        except Exception as exc:  # noqa: BLE001 - the probe never raises into vLLM
+            fault(h, rec, exc)
+        return ret
+
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         # kvscope's work before and after vLLM's call, each part in one guard; inlined
         # (no helper calls, no clock reads for an untimed hook): this runs on every
@@ -138,6 +158,8 @@ def install(owner: Any, attr: str, *, name: str | None = None, rec_of: Part = re
                 fault(h, rec, exc)
         return ret
 
+    if before is None and materialize is None and not timed:
+        wrapper = after_only
     wrapper.__name__ = getattr(orig, "__name__", attr)
     wrapper.__qualname__ = getattr(orig, "__qualname__", attr)
     wrapper.__doc__ = getattr(orig, "__doc__", None)
