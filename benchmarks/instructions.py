@@ -2,7 +2,7 @@
 
     python benchmarks/instructions.py [--running 256 128 32] [--warm 40] [--short 20]
         [--long 120] [--no-sidecar | --no-probe [--pace N]] [--against CHECKOUT]
-        [--floor] [--layout-interval S] [--out DIR]
+        [--floor] [--threads] [--layout-interval S] [--out DIR]
 
 ``valgrind --tool=cachegrind --cache-sim=no`` counts every instruction of every thread
 exactly, so this machine's run-to-run noise does not apply. One engine process
@@ -51,6 +51,11 @@ block's ID, reference count and hash; no op order, preemption facts, blocks-need
 audit, heartbeat or sender): ``floor / off`` is what the least exact recording costs the
 same engine, the line under which no probe keeping the ledger exact can go.
 
+``--threads`` counts the probe's children with callgrind instead (the same instructions,
+about three times slower), one file per thread: the table adds, per setting, what the probe
+(and the floor) add on the engine thread and on the other threads (the sender, libzmq's
+I/O thread).
+
 The parent runs a tiny engine before it forks: building a scheduler imports ~250 more
 modules, and the first child used to compile those without a .pyc, which the next
 children loaded from disk (~100 M instructions in one child alone: x1.18 at 256 running).
@@ -75,6 +80,8 @@ from decode_feed import NO_PREEMPT_POOL, preempting_pool
 
 HERE = Path(__file__).resolve().parent
 VALGRIND = ["valgrind", "--tool=cachegrind", "--cache-sim=no"]
+BY_THREAD = ["valgrind", "--tool=callgrind", "--separate-threads=yes"]
+"""``--threads``: callgrind counts the same instructions, one output file per thread."""
 QUIET_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
              "VLLM_LOGGING_LEVEL": "ERROR", "KVSCOPE_PROBE_FLUSH_S": "1.0",
              "KVSCOPE_PROBE_KEYFRAME_S": "250"}
@@ -94,6 +101,15 @@ def total_ir(path: Path, wait_s: float = 120.0) -> int:
         if time.monotonic() > deadline:
             raise ValueError(f"no summary in {path} after {wait_s:.0f} s")
         time.sleep(0.5)
+
+
+def thread_ir(work: Path, pid: int) -> dict[str, int]:
+    """``--threads``: a child's instructions by thread, from callgrind's files
+    ``cg.<pid>-<NN>``: ``engine`` (thread 1, vLLM's engine thread, where the probe's hooks
+    run) and ``others`` (the probe's sender, libzmq's threads). Read after the child
+    exited (callgrind writes the files then)."""
+    ir = {int(f.name.rsplit("-", 1)[1]): total_ir(f) for f in work.glob(f"cg.{pid}-*")}
+    return {"engine": ir.pop(1), "others": sum(ir.values())}
 
 
 def jobs(args: argparse.Namespace, sink: str, sidecars: dict[str, str]) -> list[dict[str, Any]]:
@@ -149,7 +165,9 @@ def per_step(rows: list[dict[str, Any]], key: Any) -> dict[str, Any] | None:
     a, b = pair
     steps = b["steps"] - a["steps"]
     full = [y - x for x, y in zip(a["collections"], b["collections"], strict=True)]
-    return {"ir_per_step": (b["ir"] - a["ir"]) / steps, "steps": steps,
+    threads = ({k: (b["ir_threads"][k] - a["ir_threads"][k]) / steps
+                for k in a["ir_threads"]} if "ir_threads" in a else None)
+    return {"ir_per_step": (b["ir"] - a["ir"]) / steps, "steps": steps, "by_thread": threads,
             "running_mean": b["running_mean"], "preemptions": b["preemptions"] - a["preemptions"],
             "collections": full}
 
@@ -179,6 +197,12 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[dict[st
                   f"{row['ratio']:7.4f} {off['collections'][2]:>8d}/{on['collections'][2]:<7d}"
                   + (f" {(floor['ir_per_step'] - base) / 1e3:13.0f}k {row['floor_ratio']:9.4f}"
                      if floor is not None else ""), flush=True)
+            for name, v in (("on", on), ("floor", floor)):
+                if v is not None and v["by_thread"] and off["by_thread"]:
+                    engine, others = (v["by_thread"][k] - off["by_thread"][k]
+                                      for k in ("engine", "others"))
+                    print(f"{'':15} {name} - off by thread: engine {engine / 1e3:.1f}k, "
+                          f"others {others / 1e3:.1f}k per step", flush=True)
     return table
 
 
@@ -198,6 +222,9 @@ def main() -> None:
     p.add_argument("--floor", action="store_true",
                    help="also count the floor (micro_floor.install_floor: the least a probe "
                         "keeping the ledger exact does) in two more children per setting")
+    p.add_argument("--threads", action="store_true",
+                   help="count the probe's children with callgrind, by thread (slower): the "
+                        "engine thread's share apart from the sender's and libzmq's")
     p.add_argument("--collector", action="store_true",
                    help="leave Python's cyclic collector running in the measured steps of "
                         "the probe's children (by default it is paused there: see the doc)")
@@ -219,7 +246,9 @@ def main() -> None:
     side: dict[str, Any] | None = None
     try:
         todo = jobs(args, sink.endpoint, {k: s.endpoint for k, s in sides.items()})
-        under = [] if args.pace else [*VALGRIND, f"--cachegrind-out-file={work}/cg.%p"]
+        under = ([] if args.pace else
+                 [*BY_THREAD, f"--callgrind-out-file={work}/cg.%p"] if args.threads else
+                 [*VALGRIND, f"--cachegrind-out-file={work}/cg.%p"])
         argv = [*under, sys.executable,
                 str(HERE / "decode_feed.py"), "--jobs", json.dumps(todo), "--wait"]
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -231,7 +260,10 @@ def main() -> None:
             if not line.startswith("{"):
                 continue
             r = json.loads(line)
-            r["ir"] = 0 if args.pace else total_ir(work / f"cg.{r['pid']}")
+            threads = args.threads and "sidecar" not in r["job"]
+            # callgrind writes a child's threads' files at its exit, after this line: read
+            # once every child is done (below)
+            r["ir"] = 0 if args.pace or threads else total_ir(work / f"cg.{r['pid']}")
             rows.append(r)
             print(f"  job {r['job']['tag']} {r['job'].get('variant', 'sidecar feed')}: "
                   f"{r['steps']} steps, {r['ir'] / 1e9:.2f} G instructions", flush=True)
@@ -242,6 +274,10 @@ def main() -> None:
                           f"per ingested engine step", flush=True)
         proc.wait()
         proc = None
+        for r in rows if args.threads else ():
+            if "sidecar" not in r["job"]:
+                r["ir_threads"] = thread_ir(work, r["pid"])
+                r["ir"] = sum(r["ir_threads"].values())
     finally:
         if proc is not None:
             os.killpg(proc.pid, signal.SIGKILL)
