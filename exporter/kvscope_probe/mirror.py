@@ -8,17 +8,12 @@ carries block IDs read when the wrapper ran, while vLLM had just touched those b
 
 from __future__ import annotations
 
-from itertools import repeat
-from operator import attrgetter, is_not
+from operator import attrgetter
 from typing import Any
 
 from kvscope_probe import wire
 
 _block_hash = attrgetter("block_hash")
-_ref_cnt = attrgetter("ref_cnt")
-_AS_STATE = bytes([wire.STATE_FREE, wire.STATE_CACHED, wire.STATE_USED, wire.STATE_USED,
-                   *bytes(252)])
-"""``bytes.translate`` table from 2 x (ref_cnt > 0) + (hash set) to the block's state."""
 
 REPAIR_BLOCKS = 2048
 """Blocks of vLLM's pool one step reads, at most, to repair a mirror a contained fault may
@@ -87,16 +82,15 @@ class PoolMirror:
         """The state of blocks ``lo`` to ``hi`` (excluded) as vLLM's pool holds them (a
         block's ID is its index in ``BlockPool.blocks``; the null block is block 0)."""
         blocks = self.pool.blocks[lo:hi]
-        # At C level, no bytecode per block: one byte per block, 1 where ref_cnt > 0,
-        # shifted to 2 inside its byte; plus 1 where the block holds a prefix-cache hash;
-        # then translated to STATE_* (the audit's share of the step was mostly this loop).
-        code = int.from_bytes(bytes(map(bool, map(_ref_cnt, blocks))), "big") << 1
+        used, free = wire.STATE_USED, wire.STATE_FREE
         if self.pool.enable_caching:
             # vLLM's own property, never the field the probe's fast path reads: what
             # vLLM says, even where the probe's reading of it has gone wrong
-            code |= int.from_bytes(
-                bytes(map(is_not, map(_block_hash, blocks), repeat(None))), "big")
-        out = bytearray(code.to_bytes(len(blocks), "big").translate(_AS_STATE))
+            h, cached = _block_hash, wire.STATE_CACHED
+            out = bytearray([used if b.ref_cnt else cached if h(b) is not None else free
+                             for b in blocks])
+        else:
+            out = bytearray([used if b.ref_cnt else free for b in blocks])
         if lo == 0 and out:
             out[0] = wire.STATE_NULL
         return out

@@ -281,7 +281,7 @@ def test_a_vllm_whose_null_block_is_not_block_0_is_not_recorded(
 
 
 def test_the_audit_reads_each_block_state_as_vllm_holds_it() -> None:
-    """``PoolMirror._read`` (C-level maps, no bytecode per block) equals the test's own
+    """``PoolMirror._read`` (what the audit and the repair read) equals the test's own
     scan of vLLM's pool at every step, for the whole pool and for a slice not starting
     at block 0 (the null block is block 0 only); the run holds every state."""
     seen: set[int] = set()
