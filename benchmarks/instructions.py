@@ -84,8 +84,9 @@ BY_THREAD = ["valgrind", "--tool=callgrind", "--separate-threads=yes"]
 """``--threads``: callgrind counts the same instructions, one output file per thread."""
 QUIET_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
              "VLLM_LOGGING_LEVEL": "ERROR", "KVSCOPE_PROBE_FLUSH_S": "1.0",
-             "KVSCOPE_PROBE_KEYFRAME_S": "250"}
-"""BLAS threads spin under valgrind (and count); one thread each."""
+             "KVSCOPE_PROBE_KEYFRAME_S": "250", "PYTHONHASHSEED": "0"}
+"""BLAS threads spin under valgrind (and count); one thread each. String hashes are seeded
+per process: a fixed seed makes every run's sets and dicts of request IDs the same."""
 
 
 def total_ir(path: Path, wait_s: float = 120.0) -> int:
@@ -236,7 +237,7 @@ def main() -> None:
     out = args.out or work
     out.mkdir(parents=True, exist_ok=True)
     os.environ.update(QUIET_ENV)
-    os.environ.pop("PYTHONPATH", None)
+    os.environ["PYTHONPATH"] = str(HERE.parent / "exporter")  # this checkout, not the venv's
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(1))  # so `finally` stops what it started
     sink = Sink(f"ipc://{work}/sink.sock")
     sink.start()
