@@ -39,7 +39,14 @@ def arm(rec: Any, on: bool) -> None:
     (the step record adds calls x its calibrated cost; probe_micro measures it)."""
     coord = rec.mgr.coordinator
     if not on:
-        coord.__dict__.pop("get_num_blocks_to_allocate", None)
+        # ``del``, never ``coord.__dict__``: on CPython 3.11+ reading an object's __dict__
+        # moves its attributes out of their inline slots for good, and every attribute
+        # read of vLLM's coordinator (its methods read self.* throughout) then takes the
+        # slow generic path: +660 k instructions a step at 256 running (benchmarks/README.md)
+        try:
+            del coord.get_num_blocks_to_allocate
+        except AttributeError:  # not armed: the class's method is the one vLLM calls
+            pass
         rec.need_armed = False
         rec.need = None
         return

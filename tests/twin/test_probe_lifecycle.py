@@ -74,7 +74,8 @@ def test_switched_off_removes_the_blocks_needed_hook_and_every_hook_goes_inert(
     assert not rec.enabled
     assert rec.faults == 5  # nothing ran after the switch-off
     coord = rec.mgr.coordinator
-    assert "get_num_blocks_to_allocate" not in coord.__dict__ and not rec.need_armed
+    assert coord.get_num_blocks_to_allocate is not rec.need_fn and not rec.need_armed
+    assert not any(type(r) is dict for r in gc.get_referents(coord))  # slots kept
 
 
 def test_vllms_shutdown_ends_the_sender_and_every_hook_passes_through(
