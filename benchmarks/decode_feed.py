@@ -60,17 +60,25 @@ def requests(running: int, steps: int) -> list[Any]:
 
 def run_engine(running: int, pool: int, warm: int, steps: int, wait: bool,
                interval_s: float = 0.0, collector: bool = True,
-               floor: bool = False) -> dict[str, Any]:
+               floor: bool = False, need: bool = True) -> dict[str, Any]:
     """``collector=False``: Python's cyclic collector paused from the first measured step
     (after ``warm``) for the rest of the process (see ``Collections``): the children of
     ``fork_runs`` exit right after. Enabled again, it ran what the window had deferred,
     still inside the child that cachegrind counts (a full collection, ~250 M instructions,
     in one child of a pair and not the other). ``floor``: the floor's hooks
     (``micro_floor.install_floor``, installed by the caller) record this twin; its ring is
-    emptied every FLOOR_DRAIN steps (the floor has no sender)."""
+    emptied every FLOOR_DRAIN steps (the floor has no sender). ``need=False``: the probe's
+    blocks-needed hook is never armed (attribution: what it costs; its preemptions then
+    carry no blocks-needed figure)."""
     from kvscope.twin.engine import Twin
 
     twin = Twin(config(running, pool), seed=0)
+    if not need:  # the probe attached at the scheduler's creation: never arm its hook
+        from kvscope_probe.needhook import arm
+
+        probe = twin.scheduler._kvscope
+        probe.arm_below = -1
+        arm(probe, False)
     rec: Any = None
     if floor:
         from micro_floor import FloorRecorder
@@ -153,7 +161,8 @@ def stop_probe() -> None:
 def fork_runs(jobs: list[dict[str, Any]], wait: bool) -> None:
     """One child per job, forked after vLLM is imported (see the module doc); each job:
     running, pool, warm, steps, probe (endpoint or ""), tag; ``floor`` (optional): the
-    floor's hooks instead of the probe (``micro_floor.install_floor``)."""
+    floor's hooks instead of the probe (``micro_floor.install_floor``); ``need`` (optional,
+    default true): false never arms the probe's blocks-needed hook."""
     import kvscope.twin.engine  # noqa: F401 - the setup every child shares
 
     # Building a scheduler imports ~250 more modules (opentelemetry, grpc, vllm.v1.executor,
@@ -177,7 +186,7 @@ def fork_runs(jobs: list[dict[str, Any]], wait: bool) -> None:
                 install_floor()
             out = run_engine(job["running"], job["pool"], job["warm"], job["steps"], False,
                              job.get("interval", 0.0), job.get("collector", True),
-                             bool(job.get("floor")))
+                             bool(job.get("floor")), job.get("need", True))
             if job["probe"]:
                 stop_probe()
             print(json.dumps({"job": job, "pid": os.getpid(), **out}), flush=True)

@@ -2,7 +2,7 @@
 
     python benchmarks/instructions.py [--running 256 128 32] [--warm 40] [--short 20]
         [--long 120] [--no-sidecar | --no-probe [--pace N]] [--against CHECKOUT]
-        [--floor] [--threads] [--layout-interval S] [--out DIR]
+        [--floor] [--without-need] [--threads] [--layout-interval S] [--out DIR]
 
 ``valgrind --tool=cachegrind --cache-sim=no`` counts every instruction of every thread
 exactly, so this machine's run-to-run noise does not apply. One engine process
@@ -124,13 +124,15 @@ def jobs(args: argparse.Namespace, sink: str, sidecars: dict[str, str]) -> list[
     for running in args.running if not args.no_probe else ():
         for pre in (False, True):
             pool = preempting_pool(running) if pre else NO_PREEMPT_POOL
-            variants = [("off", ""), ("on", sink)] + ([("floor", "")] if args.floor else [])
+            variants = ([("off", ""), ("on", sink)] + ([("floor", "")] if args.floor else [])
+                        + ([("no-need", sink)] if args.without_need else []))
             for variant, probe in variants:
                 for n in (args.short, args.long):
                     out.append({"running": running, "pool": pool, "warm": args.warm,
                                 "steps": n, "probe": probe, "preempt": pre,
                                 "tag": f"p{running}-{pool}-{n}", "variant": variant,
-                                "floor": variant == "floor", "collector": args.collector})
+                                "floor": variant == "floor", "need": variant != "no-need",
+                                "collector": args.collector})
     return out
 
 
@@ -182,8 +184,8 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[dict[st
         for pre in (False, True):
             sel = [r for r in rows if r["job"]["running"] == running
                    and r["job"]["preempt"] == pre and "sidecar" not in r["job"]]
-            off, on, floor = (per_step(sel, lambda r, v=v: r["job"].get("variant") == v)
-                              for v in ("off", "on", "floor"))
+            off, on, floor, no_need = (per_step(sel, lambda r, v=v: r["job"].get("variant") == v)
+                                       for v in ("off", "on", "floor", "no-need"))
             if off is None or on is None:
                 continue
             base = off["ir_per_step"]
@@ -191,6 +193,8 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[dict[st
                    "ratio": on["ir_per_step"] / base}
             if floor is not None:
                 row |= {"floor": floor, "floor_ratio": floor["ir_per_step"] / base}
+            if no_need is not None:
+                row |= {"no_need": no_need, "no_need_ratio": no_need["ir_per_step"] / base}
             table.append(row)
             print(f"{running:7d} {row['pool']:6d} {on['preemptions']:8d} "
                   f"{base / 1e6:11.2f}M {on['ir_per_step'] / 1e6:11.2f}M "
@@ -198,6 +202,10 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[dict[st
                   f"{row['ratio']:7.4f} {off['collections'][2]:>8d}/{on['collections'][2]:<7d}"
                   + (f" {(floor['ir_per_step'] - base) / 1e3:13.0f}k {row['floor_ratio']:9.4f}"
                      if floor is not None else ""), flush=True)
+            if no_need is not None:
+                print(f"{'':15} on without the blocks-needed hook: "
+                      f"+{(no_need['ir_per_step'] - base) / 1e3:.0f}k "
+                      f"x{row['no_need_ratio']:.4f}", flush=True)
             for name, v in (("on", on), ("floor", floor)):
                 if v is not None and v["by_thread"] and off["by_thread"]:
                     engine, others = (v["by_thread"][k] - off["by_thread"][k]
@@ -223,6 +231,9 @@ def main() -> None:
     p.add_argument("--floor", action="store_true",
                    help="also count the floor (micro_floor.install_floor: the least a probe "
                         "keeping the ledger exact does) in two more children per setting")
+    p.add_argument("--without-need", action="store_true",
+                   help="also count the probe with its blocks-needed hook never armed "
+                        "(attribution: what that hook costs)")
     p.add_argument("--threads", action="store_true",
                    help="count the probe's children with callgrind, by thread (slower): the "
                         "engine thread's share apart from the sender's and libzmq's")
