@@ -11,6 +11,7 @@ difference raises ``AssertionError`` naming the step and what differed.
 
 from __future__ import annotations
 
+import gc
 from itertools import combinations, product
 from typing import Any
 
@@ -27,6 +28,13 @@ def pool_truth(pool: Any) -> tuple[set[int], set[int]]:
             if b.block_hash is not None:
                 cached.add(b.block_id)
     return free, cached
+
+
+def dict_materialised(obj: Any) -> bool:
+    """Whether ``obj``'s attributes live in a dict object rather than CPython's inline
+    slots (3.11+): a dict is then among its referents. Reading ``obj.__dict__`` moves them
+    there for good, and every attribute read of ``obj`` takes the slow generic path."""
+    return any(type(r) is dict for r in gc.get_referents(obj))
 
 
 def truth_states(pool: Any) -> bytes:

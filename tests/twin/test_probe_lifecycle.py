@@ -13,6 +13,7 @@ import pytest
 from kvscope.twin import TwinConfig, WorkloadSpec, generate
 from kvscope_probe import plugin, recorder
 from kvscope_probe.recorder import Recorder
+from tests.twin.exactness import dict_materialised
 from tests.twin.probe_trail import need_fails
 
 pytestmark = pytest.mark.twin
@@ -69,13 +70,14 @@ def test_switched_off_removes_the_blocks_needed_hook_and_every_hook_goes_inert(
     twin = Twin(TwinConfig(num_blocks=48), seed=3)
     rec = NeedFails(twin.scheduler, ring_size=1 << 20, keyframe_interval_s=3600)
     plugin.bind(twin.scheduler, rec)
+    dict_at_start = dict_materialised(rec.mgr.coordinator)
     result = twin.run(generate(WorkloadSpec(n_requests=60, seed=3)))
     assert result.finished == 60
     assert not rec.enabled
     assert rec.faults == 5  # nothing ran after the switch-off
     coord = rec.mgr.coordinator
     assert coord.get_num_blocks_to_allocate is not rec.need_fn and not rec.need_armed
-    assert not any(type(r) is dict for r in gc.get_referents(coord))  # slots kept
+    assert dict_materialised(coord) == dict_at_start  # its attributes' slots kept
 
 
 def test_vllms_shutdown_ends_the_sender_and_every_hook_passes_through(
