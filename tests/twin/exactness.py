@@ -32,9 +32,14 @@ def pool_truth(pool: Any) -> tuple[set[int], set[int]]:
 
 def dict_materialised(obj: Any) -> bool:
     """Whether ``obj``'s attributes live in a dict object rather than CPython's inline
-    slots (3.11+): a dict is then among its referents. Reading ``obj.__dict__`` moves them
-    there for good, and every attribute read of ``obj`` takes the slow generic path."""
-    return any(type(r) is dict for r in gc.get_referents(obj))
+    slots (3.11+): that dict is then among its referents, each of its keys an attribute
+    of ``obj`` holding that very value (a dict-valued attribute is a referent too, keyed
+    otherwise). Reading ``obj.__dict__`` moves them there for good, and every attribute
+    read of ``obj`` takes the slow generic path."""
+    missing = object()
+    return any(type(r) is dict and r
+               and all(type(k) is str and getattr(obj, k, missing) is v for k, v in r.items())
+               for r in gc.get_referents(obj))
 
 
 def truth_states(pool: Any) -> bytes:
