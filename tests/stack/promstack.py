@@ -98,22 +98,22 @@ class Prometheus:
     def __init__(self, base: str) -> None:
         self.base = base
 
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        r = httpx.get(f"{self.base}/api/v1/query", params={"query": expr}, timeout=5.0)
+    def _result(self, api: str, expr: str, **params: str) -> list[dict[str, Any]]:
+        r = httpx.get(f"{self.base}/api/v1/{api}", params={"query": expr, **params},
+                      timeout=5.0)
         body = r.json()
         if body.get("status") != "success":
             raise AssertionError(f"query failed: {expr!r}: {body}")
         return list(body["data"]["result"])
 
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        return self._result("query", expr)
+
     def query_range(self, expr: str, start: float, end: float,
                     step_s: float) -> list[dict[str, Any]]:
         """``expr`` evaluated every ``step_s`` from ``start`` to ``end`` (Unix seconds)."""
-        r = httpx.get(f"{self.base}/api/v1/query_range", timeout=5.0, params={
-            "query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": str(step_s)})
-        body = r.json()
-        if body.get("status") != "success":
-            raise AssertionError(f"query failed: {expr!r}: {body}")
-        return list(body["data"]["result"])
+        return self._result("query_range", expr, start=f"{start:.3f}", end=f"{end:.3f}",
+                            step=str(step_s))
 
     def first_sample(self, expr: str, since: float,
                      step_s: float = 0.5) -> tuple[float, str, dict[str, str]] | None:
