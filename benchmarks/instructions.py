@@ -272,10 +272,9 @@ def main() -> None:
             if not line.startswith("{"):
                 continue
             r = json.loads(line)
-            threads = args.threads and "sidecar" not in r["job"]
             # callgrind writes a child's threads' files at its exit, after this line: read
             # once every child is done (below)
-            r["ir"] = 0 if args.pace or threads else total_ir(work / f"cg.{r['pid']}")
+            r["ir"] = 0 if args.pace or args.threads else total_ir(work / f"cg.{r['pid']}")
             rows.append(r)
             print(f"  job {r['job']['tag']} {r['job'].get('variant', 'sidecar feed')}: "
                   f"{r['steps']} steps, {r['ir'] / 1e9:.2f} G instructions", flush=True)
@@ -286,10 +285,9 @@ def main() -> None:
                           f"per ingested engine step", flush=True)
         proc.wait()
         proc = None
-        for r in rows if args.threads else ():
-            if "sidecar" not in r["job"]:
-                r["ir_threads"] = thread_ir(work, r["pid"])
-                r["ir"] = sum(r["ir_threads"].values())
+        for r in rows if args.threads else ():  # the sidecars' feeds too: same files
+            r["ir_threads"] = thread_ir(work, r["pid"])
+            r["ir"] = sum(r["ir_threads"].values())
     finally:
         if proc is not None:
             os.killpg(proc.pid, signal.SIGKILL)
