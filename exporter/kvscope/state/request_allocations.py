@@ -1,6 +1,7 @@
 """Requests' block allocations, collected per request and written as arrays.
 
-One ``Allocations`` per engine; ``add`` appends one allocation to its request's open run,
+One ``Allocations`` per engine; ``at`` sets the step the next allocations belong to, ``add``
+appends one allocation to its request's open run,
 ``flush`` writes a request's run as one ``RequestAllocations`` row (at its preemption or
 end), ``flush_due`` every open run once ``FLUSH_EVERY_S`` of engine time has passed since
 the last, ``flush_all`` all of them (engine restart, shutdown). Times are kept as the
@@ -42,16 +43,23 @@ class Allocations:
         self.model, self.engine, self.server = model, engine, server
         self.runs: dict[str, _Run] = {}
         self.last_flush_ts: float | None = None
-        self._ts, self._ms = float("nan"), 0  # the last step's time, in store milliseconds
+        self._ts, self._ms = float("nan"), 0  # the step's time, in store milliseconds...
+        self._step, self._free = 0, -1  # ... its number and the pool's free blocks
 
-    def add(self, rid: str, ts: float, step: int, blocks: int, total: int, free: int,
-            tokens: int) -> None:
-        if ts != self._ts:  # ~16 requests grow in one step at 256 running: one conversion
+    def at(self, ts: float, step: int, free: int) -> None:
+        """The step whose allocations follow (~16 requests grow in one step at 256
+        running: its time is converted once)."""
+        if ts != self._ts:
             self._ts, self._ms = ts, epoch_ms(ts)
+        self._step, self._free = step, free
+
+    def add(self, rid: str, blocks: int, total: int, tokens: int) -> None:
+        """One allocation of ``blocks`` in the step set by ``at``: ``total`` blocks held
+        after it, ``tokens`` held."""
         run = self.runs.get(rid)
         if run is None:
-            run = self.runs[rid] = _Run(ts, self._ms)
-        run.items.append((step, self._ms, blocks, total, free, tokens))
+            run = self.runs[rid] = _Run(self._ts, self._ms)
+        run.items.append((self._step, self._ms, blocks, total, self._free, tokens))
 
     def flush(self, rid: str, emit: Callable[[Any], None]) -> None:
         run = self.runs.pop(rid, None)

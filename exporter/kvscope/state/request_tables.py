@@ -50,16 +50,22 @@ def set_table(live: Live, groups: list[list[int]]) -> None:
 
 def extend_table(live: Live, groups: list[list[int]]) -> int:
     """Blocks added by a table's growth (its runs continue from the last block)."""
+    last = live.last_ids
+    while len(last) < len(groups):
+        last.append(-2)
     added = 0
-    while len(live.last_ids) < len(groups):
-        live.last_ids.append(-2)
-    for g, ids in enumerate(groups):
-        prev = live.last_ids[g]
-        for b in ids:
-            live.fragments += b != prev + 1
-            prev = b
-        live.last_ids[g] = prev
-        added += len(ids)
-    live.blocks += added
-    live.peak_blocks = max(live.peak_blocks, live.blocks)
+    breaks = 0
+    for g, ids in enumerate(groups):  # usually one group and one block: kept to locals
+        if ids:
+            prev = last[g]
+            for b in ids:
+                if b != prev + 1:
+                    breaks += 1
+                prev = b
+            last[g] = prev
+            added += len(ids)
+    live.fragments += breaks
+    blocks = live.blocks = live.blocks + added
+    if blocks > live.peak_blocks:
+        live.peak_blocks = blocks
     return added

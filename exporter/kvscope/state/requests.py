@@ -142,25 +142,27 @@ class RequestTracker:
                 set_table(live, led.tables[n.req_id])
         resumed = s.resumed
         allocs = self._allocs(st) if self._allocations_wanted else None
-        add = allocs.add if allocs is not None else None
-        computed, scheduled, ts, step = led.computed.get, led.scheduled.get, s.ts, st.counters.steps
+        add = None
+        if allocs is not None:
+            allocs.at(s.ts, st.counters.steps, free)
+            add = allocs.add
+        computed, scheduled, live_of = led.computed.get, led.scheduled.get, reqs.get
         for rid, groups in zip(s.grown_ids, s.grown_blocks, strict=True):  # ~16 at 256 running
-            live = reqs.get(rid)
+            live = live_of(rid)
             if live is None:
                 continue
-            if rid in resumed:
+            if resumed and rid in resumed:
                 set_table(live, groups)
-                self._event(st, ts, rid, "resumed", blocks=live.blocks,
+                self._event(st, s.ts, rid, "resumed", blocks=live.blocks,
                             total_blocks=live.blocks, free_blocks=free,
                             tokens=self._tokens(led, rid))
                 hits = led.computed.get(rid, 0)
                 self._resumed(st, s, live, rid, hits)
                 pending.add(rid)
-            elif any(groups):
-                n = extend_table(live, groups)
-                if add is not None:
-                    add(rid, ts, step, n, live.blocks, free,
-                        computed(rid, 0) + scheduled(rid, 0))
+                continue
+            n = extend_table(live, groups)  # 0 when no group grew: no allocation then
+            if n and add is not None:
+                add(rid, n, live.blocks, computed(rid, 0) + scheduled(rid, 0))
         self._first_tokens(reqs, pending, led, s)
         for e in s.ends:
             pending.discard(e.req_id)
