@@ -16,8 +16,10 @@ between) is the mode's instructions per ingested engine step, import and setup c
   them (rows built and kept in a list, not sent: the store's side is not in it);
 - ``hub``: the ``Hub`` alone (ledger, counters, rollups, audits; no request rows);
 - ``floor``: what any reader of this wire must do per step to keep each running
-  request's token counts: decode the frame, then the computed and the scheduled tokens
-  of every scheduled request into two dictionaries. Nothing kvscope reports is built;
+  request's token counts readable: decode the frame, keep the step's lists as decoded
+  with each request's position (built once per new list: a decoding engine sends "the
+  same list" step after step), and move the counts of the requests a new list leaves out
+  into two dictionaries. Nothing kvscope reports is built;
 - ``decode``: the floor's decode alone.
 
 Repeats are identical (same count to the instruction): the children run with
@@ -133,11 +135,19 @@ def replay(mode: str, path: Path, n: int) -> dict[str, Any]:
 
 
 def replay_floor(frames: list[list[bytes]], keep: bool) -> dict[str, Any]:
+    """Decode; with ``keep``, each scheduled request's computed and scheduled tokens kept
+    readable by request, the least way known: the latest step's lists as decoded, each
+    request's position in them built once per new list, and the counts of the requests a
+    new list leaves out moved into two dictionaries (``kvscope.state.token_counts``)."""
+    from itertools import filterfalse
+
     from kvscope_probe import wire
 
     computed: dict[str, int] = {}
     scheduled: dict[str, int] = {}
-    prev: list[str] = []
+    ids: list[str] = []
+    pos: dict[str, int] = {}
+    cols: tuple[list[int], list[int]] = ([], [])
     steps = 0
     for parts in frames:
         for r in wire.decode(parts).records:
@@ -146,17 +156,24 @@ def replay_floor(frames: list[list[bytes]], keep: bool) -> dict[str, Any]:
             steps += 1
             if not keep:
                 continue
-            ids = prev if r.cached_same else r.cached_ids
-            prev = ids
-            for q in r.new_reqs:
-                computed[q.req_id] = q.computed_tokens
-            computed.update(zip(ids, r.cached_computed, strict=True))
-            if r.scheduled_counts:  # cached_ids' counts, then the new requests'
-                scheduled.update(zip(ids, r.scheduled_counts, strict=False))
-                scheduled.update(zip([q.req_id for q in r.new_reqs],
-                                     r.scheduled_counts[len(ids):], strict=True))
-            else:
+            new = r.cached_ids
+            counts = r.scheduled_counts
+            if not counts:  # the dict form: every count stored
+                computed.update(zip(ids, cols[0], strict=True))
+                scheduled.update(zip(ids, cols[1], strict=False))
+                ids, pos, cols = [], {}, ([], [])
+                computed.update(zip(new, r.cached_computed, strict=True))
                 scheduled.update(r.num_scheduled)
+            elif not r.cached_same:  # a new list: fold the requests it leaves out
+                new_pos = dict(zip(new, range(len(new)), strict=True))
+                for rid in filterfalse(new_pos.__contains__, ids):
+                    computed[rid] = cols[0][pos[rid]]
+                    scheduled[rid] = cols[1][pos[rid]]
+                ids, pos = new, new_pos
+            if counts:
+                cols = (r.cached_computed, counts)
+            for q, n in zip(r.new_reqs, counts[len(ids):] if counts else [], strict=False):
+                computed[q.req_id], scheduled[q.req_id] = q.computed_tokens, n
     return {"steps": steps, "rows": 0, "synced": True, "mismatches": 0, "rejected": 0}
 
 

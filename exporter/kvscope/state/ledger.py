@@ -7,11 +7,11 @@ until the next keyframe. Stale figures are never papered over: callers ask ``syn
 
 from __future__ import annotations
 
-from itertools import repeat
-from operator import add, itemgetter
+from operator import itemgetter
 
 import numpy as np
 
+from kvscope.state.token_counts import TokenCounts
 from kvscope_probe import wire
 
 _FREE_MAX = wire.STATE_CACHED  # states <= this are free (cached ones are evictable)
@@ -32,10 +32,9 @@ class Ledger:
         self.tables: dict[str, list[list[int]]] = {}
         """Block table of every running request, one list per KV group; block 0 is vLLM's
         null block (a placeholder for blocks a sliding window released)."""
-        self.computed: dict[str, int] = {}
-        """Computed tokens of each request when it was last scheduled, ..."""
-        self.scheduled: dict[str, int] = {}
-        """... and the tokens scheduled for it then: their sum is what it holds now."""
+        self.counts = TokenCounts()
+        """Computed tokens of each request when it was last scheduled, and the tokens
+        scheduled for it then: their sum is what it holds now."""
         self.nulls = [0] * len(self.group_block_sizes)
         """Null-block entries (0) in the tables, per KV group: kept as the tables change,
         so a scrape counts held blocks without reading every table."""
@@ -102,8 +101,7 @@ class Ledger:
         self.nulls = [0] * len(self.group_block_sizes)
         for rid, groups in kf.tables.items():
             self._set_table(rid, groups)
-        self.computed = dict(kf.tokens)
-        self.scheduled = {}
+        self.counts.reset(kf.tokens)
         self.synced = True
         return mismatch
 
@@ -148,8 +146,9 @@ class Ledger:
     @property
     def tokens(self) -> dict[str, int]:
         """Tokens each running request holds (computed, this step's included)."""
-        sched = self.scheduled
-        return {r: n + sched.get(r, 0) for r, n in self.computed.items() if r in self.tables}
+        counts = self.counts
+        rids = [r for r in self.tables if r in counts]
+        return dict(zip(rids, counts.tokens(rids).tolist(), strict=True))
 
     def tail_waste_tokens(self) -> int:
         """Reserved but unfilled token slots in running requests' blocks, all groups."""
@@ -176,9 +175,7 @@ class Ledger:
         if not tables:
             return [0] * len(sizes), [0] * len(sizes)
         rids = list(tables)
-        zero = repeat(0)
-        tokens = np.fromiter(map(add, map(self.computed.get, rids, zero),
-                                 map(self.scheduled.get, rids, zero)), np.int64, len(rids))
+        tokens = self.counts.tokens(rids)
         waste, held = [], []
         shortest = min(map(len, tables.values()))
         for g, bs in enumerate(sizes):
@@ -210,12 +207,21 @@ class Ledger:
         table = self.tables.pop(req_id, None)
         if table is not None:
             self._count_nulls(table, -1)
-        self.computed.pop(req_id, None)
-        self.scheduled.pop(req_id, None)
+        self.counts.drop(req_id)
 
     def apply_tables(self, s: wire.Step) -> None:
         """One step's changes to the running requests' tables and token counts."""
         tables = self.tables
+        counts = self.counts
+        sched = s.scheduled_counts
+        # The counts first: the requests that left are not in this step's list, and are
+        # dropped after it has set the rest apart (token_counts).
+        if sched:  # cached_ids' counts, then the new requests' (checked by the caller)
+            counts.step(s.cached_ids, s.cached_computed, sched)
+        else:
+            counts.fold()
+            counts.computed.update(zip(s.cached_ids, s.cached_computed, strict=True))
+            counts.scheduled.update(s.num_scheduled)
         for rid in s.finished:
             self.drop_request(rid)
         for rid in s.preempted:
@@ -232,20 +238,13 @@ class Ledger:
                     self.nulls[n.group] += table[n.group].count(0) - old.count(0)
         for r in s.new_reqs:
             self._set_table(r.req_id, r.block_ids)
-            self.computed[r.req_id] = r.computed_tokens
-        self.computed.update(zip(s.cached_ids, s.cached_computed, strict=True))
-        counts = s.scheduled_counts
-        if counts:  # cached_ids' counts, then the new requests' (checked by the caller)
-            scheduled = self.scheduled
-            scheduled.update(zip(s.cached_ids, counts, strict=False))
-            for r, n in zip(s.new_reqs, counts[len(s.cached_ids):], strict=True):
-                scheduled[r.req_id] = n
-        else:
-            self.scheduled.update(s.num_scheduled)
+            counts.set(r.req_id, r.computed_tokens)
+        if sched and s.new_reqs:
+            for r, n in zip(s.new_reqs, sched[len(s.cached_ids):], strict=True):
+                counts.scheduled[r.req_id] = n  # never in the list: the step checked
         for rid, n in s.rolled_back.items():
             if rid in tables:
-                self.computed[rid] = n
-                self.scheduled[rid] = 0
+                counts.set(rid, n, 0)
         resumed = s.resumed
         nulls = self.nulls
         for rid, groups in zip(s.grown_ids, s.grown_blocks, strict=True):  # ~16 at 256 running

@@ -146,7 +146,7 @@ class RequestTracker:
         if allocs is not None:
             allocs.at(s.ts, st.counters.steps, free)
             add = allocs.add
-        computed, scheduled, live_of = led.computed.get, led.scheduled.get, reqs.get
+        tokens, live_of = led.counts.tokens_of, reqs.get
         for rid, groups in zip(s.grown_ids, s.grown_blocks, strict=True):  # ~16 at 256 running
             live = live_of(rid)
             if live is None:
@@ -156,13 +156,13 @@ class RequestTracker:
                 self._event(st, s.ts, rid, "resumed", blocks=live.blocks,
                             total_blocks=live.blocks, free_blocks=free,
                             tokens=self._tokens(led, rid))
-                hits = led.computed.get(rid, 0)
+                hits = led.counts.computed_of(rid)
                 self._resumed(st, s, live, rid, hits)
                 pending.add(rid)
                 continue
             n = extend_table(live, groups)  # 0 when no group grew: no allocation then
             if n and add is not None:
-                add(rid, n, live.blocks, computed(rid, 0) + scheduled(rid, 0))
+                add(rid, n, live.blocks, tokens(rid))
         self._first_tokens(reqs, pending, led, s)
         for e in s.ends:
             pending.discard(e.req_id)
@@ -184,7 +184,7 @@ class RequestTracker:
 
     @staticmethod
     def _tokens(led: Any, rid: str) -> int:
-        return led.computed.get(rid, 0) + led.scheduled.get(rid, 0)
+        return led.counts.tokens_of(rid)
 
     def _first_tokens(self, reqs: OrderedDict[str, Live], pending: set[str], led: Any,
                       s: wire.Step) -> None:
