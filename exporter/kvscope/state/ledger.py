@@ -15,6 +15,8 @@ from kvscope.state.token_counts import TokenCounts
 from kvscope_probe import wire
 
 _FREE_MAX = wire.STATE_CACHED  # states <= this are free (cached ones are evictable)
+_FREE_STATE, _CACHED, _USED = wire.STATE_FREE, wire.STATE_CACHED, wire.STATE_USED
+_ALLOC, _FREE, _FREE_CACHED = wire.OP_ALLOC, wire.OP_FREE, wire.OP_FREE_CACHED
 
 
 class Ledger:
@@ -51,38 +53,44 @@ class Ledger:
         self.version += 1
         st = self.states
         n = self.num_blocks
-        for kind, ids in ops:
-            if ids and (min(ids) <= 0 or max(ids) >= n):
-                bad = next(i for i in ids if not 0 < i < n)
-                raise ValueError(f"block id {bad} outside pool of {n}")
-            if kind == wire.OP_ALLOC:
-                for i in ids:
-                    s = st[i]
-                    if s <= _FREE_MAX:
-                        self.free -= 1
-                        self.cached -= s == wire.STATE_CACHED
-                    st[i] = wire.STATE_USED
-            elif kind in (wire.OP_FREE, wire.OP_FREE_CACHED):
-                new = wire.STATE_FREE if kind == wire.OP_FREE else wire.STATE_CACHED
-                for i in ids:
-                    s = st[i]
-                    if s > _FREE_MAX:
-                        self.free += 1
-                    else:
-                        self.cached -= s == wire.STATE_CACHED
-                    self.cached += new == wire.STATE_CACHED
-                    st[i] = new
-            elif kind == wire.OP_UNCACHE:
-                for i in ids:
-                    if st[i] == wire.STATE_CACHED:
-                        st[i] = wire.STATE_FREE
-                        self.cached -= 1
-            elif kind == wire.OP_UNCACHE_ALL:
-                arr = self.array()
-                arr[arr == wire.STATE_CACHED] = wire.STATE_FREE
-                self.cached = 0
-            else:
-                raise ValueError(f"unknown block op {kind}")
+        free, cached = self.free, self.cached  # kept in locals, stored back once
+        try:
+            for kind, ids in ops:
+                if ids and (min(ids) <= 0 or max(ids) >= n):
+                    bad = next(i for i in ids if not 0 < i < n)
+                    raise ValueError(f"block id {bad} outside pool of {n}")
+                if kind == _ALLOC:
+                    for i in ids:
+                        s = st[i]
+                        if s <= _FREE_MAX:
+                            free -= 1
+                            if s == _CACHED:
+                                cached -= 1
+                        st[i] = _USED
+                elif kind == _FREE or kind == _FREE_CACHED:
+                    new = _FREE_STATE if kind == _FREE else _CACHED
+                    for i in ids:
+                        s = st[i]
+                        if s > _FREE_MAX:
+                            free += 1
+                        elif s == _CACHED:
+                            cached -= 1
+                        if new == _CACHED:
+                            cached += 1
+                        st[i] = new
+                elif kind == wire.OP_UNCACHE:
+                    for i in ids:
+                        if st[i] == _CACHED:
+                            st[i] = _FREE_STATE
+                            cached -= 1
+                elif kind == wire.OP_UNCACHE_ALL:
+                    arr = self.array()
+                    arr[arr == _CACHED] = _FREE_STATE
+                    cached = 0
+                else:
+                    raise ValueError(f"unknown block op {kind}")
+        finally:
+            self.free, self.cached = free, cached
 
     def load(self, kf: wire.Keyframe) -> bool:
         """Adopt a keyframe; return True when an in-sync ledger disagreed with it."""
@@ -247,10 +255,17 @@ class Ledger:
                 counts.set(rid, n, 0)
         resumed = s.resumed
         nulls = self.nulls
+        table_of = tables.get
         for rid, groups in zip(s.grown_ids, s.grown_blocks, strict=True):  # ~16 at 256 running
-            table = tables.get(rid)
-            if table is None or rid in resumed:
+            table = table_of(rid)
+            if table is None or resumed and rid in resumed:
                 self._set_table(rid, groups)
+                continue
+            if len(groups) == 1 and table:  # one KV group, as most models have
+                ids = groups[0]
+                table[0].extend(ids)
+                if 0 in ids:
+                    nulls[0] += ids.count(0)
                 continue
             while len(table) < len(groups):
                 table.append([])
