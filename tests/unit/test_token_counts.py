@@ -33,7 +33,8 @@ ops = st.lists(st.one_of(
     st.tuples(st.just("same"), st.integers(0, 99)),
     st.tuples(st.just("drop"), st.sampled_from(RIDS)),
     st.tuples(st.just("set"), st.sampled_from(RIDS), st.integers(0, 99)),
-    st.tuples(st.just("dict"), st.sampled_from(RIDS), st.integers(0, 9)),
+    st.tuples(st.just("dict"), st.lists(st.sampled_from(RIDS), unique=True, max_size=6),
+              st.integers(0, 9)),
 ), max_size=40)
 
 
@@ -59,9 +60,13 @@ def test_every_read_equals_the_dictionaries_of_every_count(program: list[tuple])
             got.set(op[1], op[2], 0)
             ref.computed[op[1]] = op[2]
             ref.scheduled[op[1]] = 0
-        else:
-            got.set_scheduled([(op[1], op[2])])
-            ref.scheduled[op[1]] = op[2]
+        else:  # a step in the dict form: its requests' counts, and a dict of scheduled ones
+            ids = list(op[1])
+            computed = [100 * n + i for i in range(len(ids))]
+            scheduled = {rid: op[2] + i for i, rid in enumerate(reversed(ids))}
+            got.store(ids, computed, scheduled)
+            ref.computed.update(zip(ids, computed, strict=True))
+            ref.scheduled.update(scheduled)
         for rid in RIDS:
             assert got.tokens_of(rid) == ref.tokens_of(rid), (rid, program[: n + 1])
             assert got.computed_of(rid) == ref.computed.get(rid, 0)

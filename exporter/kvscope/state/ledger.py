@@ -227,9 +227,7 @@ class Ledger:
         if sched:  # cached_ids' counts, then the new requests' (checked by the caller)
             counts.step(s.cached_ids, s.cached_computed, sched)
         else:
-            counts.fold()
-            counts.computed.update(zip(s.cached_ids, s.cached_computed, strict=True))
-            counts.scheduled.update(s.num_scheduled)
+            counts.store(s.cached_ids, s.cached_computed, s.num_scheduled)
         for rid in s.finished:
             self.drop_request(rid)
         for rid in s.preempted:
@@ -244,12 +242,11 @@ class Ledger:
                 table[n.group] = [0 if b in gone else b for b in old]
                 if n.group < len(self.nulls):
                     self.nulls[n.group] += table[n.group].count(0) - old.count(0)
-        for r in s.new_reqs:
+        news = s.new_reqs  # their scheduled counts follow cached_ids' (in the dict form: set)
+        for r, n in zip(news, sched[len(s.cached_ids):] if sched else [None] * len(news),
+                        strict=True):
             self._set_table(r.req_id, r.block_ids)
-            counts.set(r.req_id, r.computed_tokens)
-        if sched and s.new_reqs:
-            for r, n in zip(s.new_reqs, sched[len(s.cached_ids):], strict=True):
-                counts.scheduled[r.req_id] = n  # never in the list: the step checked
+            counts.set(r.req_id, r.computed_tokens, n)
         for rid, n in s.rolled_back.items():
             if rid in tables:
                 counts.set(rid, n, 0)

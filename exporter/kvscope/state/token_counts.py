@@ -15,9 +15,8 @@ the dictionaries (0 for neither): every write keeps that rule true.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from itertools import filterfalse
-from operator import add
 
 import numpy as np
 
@@ -88,10 +87,13 @@ class TokenCounts:
         if scheduled is not None:
             self.scheduled[rid] = scheduled
 
-    def set_scheduled(self, items: Iterable[tuple[str, int]]) -> None:
-        """Scheduled tokens from (request ID, tokens) pairs."""
+    def store(self, ids: list[str], computed: Sequence[int], scheduled: dict[str, int]
+              ) -> None:
+        """A step whose scheduled tokens came as a dict (``Step.num_scheduled``): every
+        count stored; ValueError when ``computed`` does not fit ``ids``."""
         self.fold()
-        self.scheduled.update(items)
+        self.computed.update(zip(ids, computed, strict=True))
+        self.scheduled.update(scheduled)
 
     def drop(self, rid: str) -> None:
         """A request that left (it is never in the list of the step that says so)."""
@@ -118,9 +120,4 @@ class TokenCounts:
     def tokens(self, rids: Sequence[str]) -> np.ndarray:
         """Tokens each of ``rids`` holds, in order (0 for one without a count); for a
         scrape, not per step."""
-        computed = {**self.computed, **dict(zip(self._ids, self._computed_col, strict=True))}
-        scheduled = {**self.scheduled,
-                     **dict(zip(self._ids, self._scheduled_col, strict=False))}
-        zero = [0] * len(rids)
-        return np.fromiter(map(add, map(computed.get, rids, zero),
-                               map(scheduled.get, rids, zero)), np.int64, len(rids))
+        return np.fromiter(map(self.tokens_of, rids), np.int64, len(rids))
