@@ -11,6 +11,7 @@ from operator import itemgetter
 
 import numpy as np
 
+from kvscope.state.free_run import LongestFreeRun
 from kvscope.state.token_counts import TokenCounts
 from kvscope_probe import wire
 
@@ -44,6 +45,8 @@ class Ledger:
         """Bumped whenever the block states change: figures of the states are cached per
         version (a scrape, the request tracker and the sampler share one computation)."""
         self._runs: tuple[int, np.ndarray] = (-1, np.zeros(0, np.int64))
+        self._longest = LongestFreeRun(_FREE_MAX)
+        self._longest_at = (-1, 0)  # (version, the longest free run then)
 
     # -- block operations -------------------------------------------------------
     def apply(self, ops: list[tuple[int, list[int]]]) -> None:
@@ -139,8 +142,13 @@ class Ledger:
         return np.searchsorted(self.free_runs(), lengths, side="right").tolist()
 
     def max_contiguous_free(self) -> int:
-        runs = self.free_runs()
-        return int(runs[-1]) if runs.size else 0
+        """The longest run of consecutive free block IDs (sampled ten times a second per
+        engine: recomputed only where the pool changed since, ``free_run``)."""
+        version, longest = self._longest_at
+        if version != self.version:
+            longest = self._longest.measure(self.states)
+            self._longest_at = (self.version, longest)
+        return longest
 
     @property
     def usable_blocks(self) -> int:
