@@ -20,7 +20,8 @@ class Sink(Protocol):
     name: str
 
     def accepts(self, table: str) -> bool:
-        """Whether rows of this table are for this sink."""
+        """Whether rows of this table are for this sink (asked once per table: the answer
+        must not change)."""
 
     def write(self, table: str, row: Any) -> None:
         """Take one row; never blocks, never raises."""
@@ -37,24 +38,33 @@ class SinkManager:
     def __init__(self, sinks: list[Sink] | None = None) -> None:
         self.sinks: list[Sink] = list(sinks or [])
         self.errors = 0
+        self._routes: dict[str, tuple[Sink, ...]] = {}
+        """The sinks of each table, asked once (rows come ~3 a step per engine, and the
+        tracker asks ``wants`` for three tables every step)."""
 
     def add(self, sink: Sink) -> None:
         self.sinks.append(sink)
+        self._routes = {}
+
+    def _sinks_of(self, table: str) -> tuple[Sink, ...]:
+        sinks = self._routes.get(table)
+        if sinks is None:
+            sinks = self._routes[table] = tuple(s for s in self.sinks if s.accepts(table))
+        return sinks
 
     def wants(self, table: str) -> bool:
         """Whether any sink takes rows of ``table``: rows nobody takes are not built."""
-        return any(sink.accepts(table) for sink in self.sinks)
+        return bool(self._sinks_of(table))
 
     def emit(self, row: Any) -> None:
         table = table_of(row)
-        for sink in self.sinks:
-            if sink.accepts(table):
-                try:
-                    sink.write(table, row)
-                except Exception:  # noqa: BLE001 - a sink bug must not stop ingestion
-                    self.errors += 1
-                    if worth_logging(self.errors):
-                        log.exception("sink %s failed to take a row", sink.name)
+        for sink in self._sinks_of(table):
+            try:
+                sink.write(table, row)
+            except Exception:  # noqa: BLE001 - a sink bug must not stop ingestion
+                self.errors += 1
+                if worth_logging(self.errors):
+                    log.exception("sink %s failed to take a row", sink.name)
 
     def flush(self, timeout_s: float = 5.0) -> None:
         for sink in self.sinks:
