@@ -184,26 +184,19 @@ class EngineState:
         c.probe_seconds += s.probe_ns / 1e9
         c.arrivals += len(s.arrivals)
 
-        pos = 0
         seen: list[PreemptionSeen] = []
-        for p in sorted(s.preemptions, key=lambda p: p.op_index):
-            led.apply(s.ops[pos : p.op_index])
-            pos = p.op_index
-            maxrun = led.max_contiguous_free() if led.synced else None
-            seen.append(PreemptionSeen(c.steps, self.engine, self.hello.model, p, maxrun))
-        led.apply(s.ops[pos:])
-
-        for p in s.preemptions:
-            c.preemptions[p.reason if p.reason in c.preemptions else "unknown"] += 1
-            c.preempted_tokens += p.computed_tokens_lost
-            self.lost_tokens[p.victim] = p.computed_tokens_lost
+        if s.preemptions:
+            seen = self._preemptions(s)
+        else:  # most steps: the ops in one go
+            led.apply(s.ops)
         led.apply_tables(s)
-        for r in s.new_reqs:
-            self._resumed(r.req_id, r.computed_tokens)
-        if s.resumed:
-            computed = dict(zip(s.cached_ids, s.cached_computed, strict=True))
-            for rid in s.resumed:
-                self._resumed(rid, computed.get(rid, 0))
+        if self.lost_tokens:  # only requests preempted before can resume
+            for r in s.new_reqs:
+                self._resumed(r.req_id, r.computed_tokens)
+            if s.resumed:
+                computed = dict(zip(s.cached_ids, s.cached_computed, strict=True))
+                for rid in s.resumed:
+                    self._resumed(rid, computed.get(rid, 0))
         for e in s.ends:
             c.ends[e.status] = c.ends.get(e.status, 0) + 1
             self.lost_tokens.pop(e.req_id, None)
@@ -218,7 +211,7 @@ class EngineState:
         if not self.history or now - self.history[-1][0] >= 1.0:
             self.history.append((now, sum(c.preemptions.values()), sum(c.ends.values())))
         self.util_window.append((s.ts, c.scheduled_tokens, c.budget_tokens))
-        self._track(s)
+        self._track(s, now)
         for p in seen:
             self.recent_preemptions.append(p)
         for fn in self.listeners:
@@ -226,28 +219,53 @@ class EngineState:
             for p in seen:
                 fn("preemption", self, p)
 
+    def _preemptions(self, s: wire.Step) -> list[PreemptionSeen]:
+        """Apply the step's ops in pieces, each preemption's facts with the pool as it
+        was when it happened (its ``op_index``), and count them."""
+        led, c = self.ledger, self.counters
+        pos = 0
+        seen: list[PreemptionSeen] = []
+        for p in sorted(s.preemptions, key=lambda p: p.op_index):
+            led.apply(s.ops[pos : p.op_index])
+            pos = p.op_index
+            maxrun = led.max_contiguous_free() if led.synced else None
+            seen.append(PreemptionSeen(c.steps, self.engine, self.hello.model, p, maxrun))
+        led.apply(s.ops[pos:])
+        for p in s.preemptions:
+            c.preemptions[p.reason if p.reason in c.preemptions else "unknown"] += 1
+            c.preempted_tokens += p.computed_tokens_lost
+            self.lost_tokens[p.victim] = p.computed_tokens_lost
+        return seen
+
     def _resumed(self, req_id: str, computed_at_resume: int) -> None:
         lost = self.lost_tokens.pop(req_id, None)
         if lost is not None:
             self.counters.recomputed_tokens += max(0, lost - computed_at_resume)
 
-    def _track(self, s: wire.Step) -> None:
+    def _track(self, s: wire.Step, now: float) -> None:
+        """The step into the extremes; the longest free run sampled when due."""
         ex = self.extremes
         util = s.scheduled_tokens / s.token_budget if s.token_budget else 0.0
         ex.util_sum += util
         ex.util_steps += 1
-        if not self.ledger.synced:
+        led = self.ledger
+        if not led.synced:
             return
-        free = self.ledger.free
-        ex.min_free = free if ex.min_free is None else min(ex.min_free, free)
-        ex.peak_used = max(ex.peak_used, self.ledger.used)
+        free = led.free
+        if ex.min_free is None or free < ex.min_free:
+            ex.min_free = free
+        used = led.usable_blocks - free  # led.used
+        if used > ex.peak_used:
+            ex.peak_used = used
         if free == 0:
             ex.util_at_zero_free_sum += util
             ex.util_at_zero_free_steps += 1
-        self._sample_maxrun()
+        if now - self._maxrun_at >= MAXRUN_SAMPLE_S:
+            self._sample_maxrun(now=now)
 
-    def _sample_maxrun(self, force: bool = False) -> None:
-        now = time.monotonic()
+    def _sample_maxrun(self, force: bool = False, now: float | None = None) -> None:
+        if now is None:
+            now = time.monotonic()
         if not self.ledger.synced or (not force and now - self._maxrun_at < MAXRUN_SAMPLE_S):
             return
         self._maxrun_at = now

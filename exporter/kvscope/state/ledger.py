@@ -25,6 +25,8 @@ class Ledger:
 
     def __init__(self, num_blocks: int, group_block_sizes: list[int]) -> None:
         self.num_blocks = num_blocks
+        self.usable_blocks = max(0, num_blocks - 1)
+        """Blocks that can ever be free: all but the null block."""
         self.group_block_sizes = group_block_sizes or [1]
         self.states = bytearray(num_blocks)
         if num_blocks:
@@ -150,10 +152,6 @@ class Ledger:
             self._longest_at = (self.version, longest)
         return longest
 
-    @property
-    def usable_blocks(self) -> int:
-        """Blocks that can ever be free: all but the null block."""
-        return max(0, self.num_blocks - 1)
 
     @property
     def used(self) -> int:

@@ -81,7 +81,10 @@ class RequestTracker:
             allocs.flush(rid, self.emit)
 
     def _reqs(self, st: EngineState) -> OrderedDict[str, Live]:
-        return self.live.setdefault(st.key, OrderedDict())
+        reqs = self.live.get(st.key)
+        if reqs is None:
+            reqs = self.live[st.key] = OrderedDict()
+        return reqs
 
     def _event(self, st: EngineState, ts: float, rid: str, event: str, **kw: Any) -> None:
         if not self._events_wanted:
@@ -163,7 +166,8 @@ class RequestTracker:
             n = extend_table(live, groups)  # 0 when no group grew: no allocation then
             if n and add is not None:
                 add(rid, n, live.blocks, tokens(rid))
-        self._first_tokens(reqs, pending, led, s)
+        if pending:
+            self._first_tokens(reqs, pending, led, s)
         for e in s.ends:
             pending.discard(e.req_id)
             self._flush_allocations(st, e.req_id)
@@ -180,7 +184,10 @@ class RequestTracker:
 
     def _pending(self, st: EngineState) -> set[str]:
         """Requests admitted whose first output token has not been seen yet."""
-        return self.prefilling.setdefault(st.key, set())
+        pending = self.prefilling.get(st.key)
+        if pending is None:
+            pending = self.prefilling[st.key] = set()
+        return pending
 
     @staticmethod
     def _tokens(led: Any, rid: str) -> int:

@@ -113,13 +113,19 @@ class Rollups:
         acc.scheduled += s.scheduled_tokens
         acc.budget += s.token_budget
         acc.sum_running += s.running
-        acc.max_waiting = max(acc.max_waiting, s.waiting)
-        acc.preemptions += len(s.preemptions)
+        if s.waiting > acc.max_waiting:
+            acc.max_waiting = s.waiting
+        if s.preemptions:
+            acc.preemptions += len(s.preemptions)
         if led.synced:
-            acc.min_free = led.free if acc.min_free < 0 else min(acc.min_free, led.free)
-            acc.sum_free += led.free
+            free = led.free
+            if acc.min_free < 0 or free < acc.min_free:
+                acc.min_free = free
+            acc.sum_free += free
             acc.free_samples += 1
-            acc.max_used = max(acc.max_used, led.used)
+            used = led.usable_blocks - free  # led.used
+            if used > acc.max_used:
+                acc.max_used = used
             if acc.steps == 1 or s.preemptions:
                 run = led.max_contiguous_free()
                 acc.min_maxrun = run if acc.min_maxrun < 0 else min(acc.min_maxrun, run)
