@@ -13,7 +13,6 @@ from prometheus_client import CollectorRegistry
 from kvscope.decisions.log import DecisionLog
 from kvscope.decisions.loki import LokiSink
 from kvscope.explain.api import explain_router
-from kvscope.heap import keep_freed_buffers
 from kvscope.layout.api import layout_router
 from kvscope.layout.history import clickhouse_history, layout_rows, to_row
 from kvscope.layout.sampler import LayoutSampler
@@ -122,7 +121,6 @@ class Sidecar:
         # only what ingestion keeps (measured live at 256 running: 67 ms -> 15 ms each).
         gc.collect()
         gc.freeze()
-        keep_freed_buffers()  # a pool's buffers reused, not faulted in again (kvscope.heap)
         self._start_workers()
         log.info("kvscope sidecar on %s://%s:%d/metrics", "https" if self.cfg.tls_cert else "http",
                  self.cfg.host, self.cfg.port)
