@@ -107,31 +107,37 @@ THREADS = (("_ingest_loop", "ingest"), ("LayoutSampler._run", "layout sampler"),
            ("DecisionLog._run", "decision log"), ("Server.run", "http"))
 
 
-def os_threads(pid: int) -> dict[int, tuple[str, float]]:
-    """Each thread of ``pid``: (its OS name, CPU seconds so far). Python's threads share
-    the process's name; the embedded chDB's native threads have names of their own, so
-    this shows what py-spy (Python stacks only) cannot: ClickHouse's own work."""
+Thread = tuple[str, float, float, int]
+"""A thread's OS name, CPU seconds so far, of which in the kernel, and minor page faults."""
+
+
+def os_threads(pid: int) -> dict[int, Thread]:
+    """Each thread of ``pid`` (``Thread``). Python's threads share the process's name;
+    the embedded chDB's native threads have names of their own, so this shows what py-spy
+    (Python stacks only) cannot: ClickHouse's own work."""
     tick = os.sysconf("SC_CLK_TCK")
-    out: dict[int, tuple[str, float]] = {}
+    out: dict[int, Thread] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             comm = (task / "comm").read_text().strip()
             fields = (task / "stat").read_text().rpartition(")")[2].split()
         except OSError:  # the thread ended meanwhile
             continue
-        out[int(task.name)] = (comm, (int(fields[11]) + int(fields[12])) / tick)
+        out[int(task.name)] = (comm, (int(fields[11]) + int(fields[12])) / tick,
+                               int(fields[12]) / tick, int(fields[7]))
     return out
 
 
-def cpu_by_thread_name(before: dict[int, tuple[str, float]],
-                       after: dict[int, tuple[str, float]], pid: int) -> dict[str, float]:
-    """CPU seconds between two ``os_threads`` readings by thread name (the process's own
-    name, for its Python threads, as "python"); threads that ended meanwhile are missed."""
-    main = after.get(pid, before.get(pid, ("", 0.0)))[0]
+def by_thread_name(before: dict[int, Thread], after: dict[int, Thread], pid: int,
+                   field: int = 1) -> dict[str, float]:
+    """A ``Thread`` field's growth between two ``os_threads`` readings (CPU seconds by
+    default), by thread name (the process's own name, for its Python threads, as
+    "python"); threads that ended meanwhile are missed."""
+    main = after.get(pid, before.get(pid, ("", 0.0, 0.0, 0)))[0]
     by: Counter[str] = Counter()
-    for tid, (comm, cpu) in after.items():
-        name = "python" if comm == main else comm.rstrip("0123456789")
-        by[name] += cpu - before.get(tid, (comm, 0.0))[1]
+    for tid, now in after.items():
+        name = "python" if now[0] == main else now[0].rstrip("0123456789")
+        by[name] += now[field] - before.get(tid, (now[0], 0.0, 0.0, 0))[field]
     return {k: round(v, 3) for k, v in by.most_common() if v > 0}
 
 
@@ -243,7 +249,9 @@ def measure(args: argparse.Namespace, variant: str, work: Path, label: str,
         "gaps": sum(s.get("ledger_gaps", 0) for s in seen.values()),
         "dropped": sum(s.get("probe_records_dropped", 0) for s in seen.values()),
         "metrics_lines": len(metrics),
-        "cpu_s_by_os_thread": cpu_by_thread_name(th0, th1, side.pid),
+        "cpu_s_by_os_thread": by_thread_name(th0, th1, side.pid),
+        "kernel_cpu_s_by_os_thread": by_thread_name(th0, th1, side.pid, 2),
+        "minor_faults_by_os_thread": by_thread_name(th0, th1, side.pid, 3),
     }
     if spy is not None and (vdir / "pyspy.txt").exists():
         out["py_spy"] = breakdown(vdir / "pyspy.txt")
@@ -288,6 +296,8 @@ def main() -> None:
               f"{r['rss_per_engine_kib'] / 1024:11.1f} {r['mismatches']:4d} {r['gaps']:4d} "
               f"{r['dropped']:4d}", flush=True)
         print("  CPU s by OS thread:", r["cpu_s_by_os_thread"])
+        print("    of which in the kernel:", r["kernel_cpu_s_by_os_thread"])
+        print("  minor page faults by OS thread:", r["minor_faults_by_os_thread"])
         if "py_spy" in r:
             print("  py-spy threads:", r["py_spy"]["threads"])
             print("  py-spy inclusive:", r["py_spy"]["inclusive"])
