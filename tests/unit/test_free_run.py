@@ -1,5 +1,6 @@
-"""LongestFreeRun recomputes only the chunks that changed: after every change its answer
-must equal a scan of the whole pool, across chunk edges, whole free chunks and resizes."""
+"""LongestFreeRun recomputes only the chunks marked as changed: after every change its
+answer must equal a scan of the whole pool, across chunk edges, whole free chunks and
+resizes; and the ledger must mark every chunk its ops touch."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvscope.state.free_run import LongestFreeRun
+from kvscope.state.free_run import ALL, CHUNK, LongestFreeRun
+from kvscope.state.ledger import Ledger
+from kvscope_probe import wire
 
 FREE_MAX = 1  # states 0 (free) and 1 (cached) are free, as in the ledger
 
@@ -27,21 +30,36 @@ changes = st.lists(st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 40),
 
 
 @settings(max_examples=300, deadline=None)
-@given(n=st.integers(0, 200), chunk=st.sampled_from([8, 16, 24, 64]),
+@given(n=st.integers(0, 200), chunk=st.sampled_from([8, 16, 32, 64]),
        start=st.sampled_from([0, 2]), steps=changes, whole=st.booleans())
 def test_equals_a_scan_after_every_change(n: int, chunk: int, start: int,
                                           steps: list[list[tuple[int, int, int]]],
                                           whole: bool) -> None:
-    """In chunks (``whole``: the pool scanned whole each time, as a small one is)."""
+    """In chunks, each change marked (``whole``: the pool scanned whole each time, as a
+    small one is)."""
     states = bytearray([start]) * n
     longest = LongestFreeRun(FREE_MAX, chunk, scan_below=10**9 if whole else 0)
     assert longest.measure(states) == scan(states)
     for step in steps:
+        marked = 0
         for at, length, state in step:  # a range of blocks set to one state
             if n:
                 at %= n
-                states[at:at + length] = bytes([state]) * len(states[at:at + length])
-        assert longest.measure(states) == scan(states)
+                end = min(n, at + length)
+                states[at:end] = bytes([state]) * (end - at)
+                marked |= longest.chunks_of(at, end - 1)
+        assert longest.measure(states, marked) == scan(states)
+
+
+def test_unmarked_chunks_are_not_read() -> None:
+    """A change outside the marked chunks is not seen until its chunk is marked: what is
+    not marked is not read."""
+    states = bytearray(64)
+    longest = LongestFreeRun(FREE_MAX, 16, scan_below=0)
+    assert longest.measure(states) == 64
+    states[40] = 2
+    assert longest.measure(states, 0) == 64
+    assert longest.measure(states, longest.chunks_of(40, 40)) == 40
 
 
 def test_a_run_across_whole_free_chunks() -> None:
@@ -52,25 +70,48 @@ def test_a_run_across_whole_free_chunks() -> None:
     longest = LongestFreeRun(FREE_MAX, 16, scan_below=0)
     assert longest.measure(states) == 85
     states[40] = 2
-    assert longest.measure(states) == 49
+    assert longest.measure(states, longest.chunks_of(40, 40)) == 49
     states[40] = 1
-    assert longest.measure(states) == 85
+    assert longest.measure(states, longest.chunks_of(40, 40)) == 85
 
 
 def test_a_new_pool_size_starts_over() -> None:
     longest = LongestFreeRun(FREE_MAX, 8, scan_below=0)
     assert longest.measure(bytes(20)) == 20
-    assert longest.measure(bytes([2]) + bytes(40)) == 40
+    assert longest.measure(bytes([2]) + bytes(40), 0) == 40  # every chunk read anyway
     assert longest.measure(b"") == 0
-
-
-def test_chunk_must_be_whole_words() -> None:
-    with pytest.raises(ValueError, match="multiple of 8"):
-        LongestFreeRun(FREE_MAX, 12)
 
 
 def test_a_small_pool_is_scanned_whole() -> None:
     """Below two chunks by default: no chunk is kept."""
     longest = LongestFreeRun(FREE_MAX, 8)
     assert longest.measure(bytes(15)) == 15 and longest._n == -1
-    assert longest.measure(bytes(16)) == 16 and longest._n == 16
+    assert longest.measure(bytes(16), ALL) == 16 and longest._n == 16
+
+
+def test_chunk_must_be_a_power_of_two() -> None:
+    with pytest.raises(ValueError, match="power of two"):
+        LongestFreeRun(FREE_MAX, 24)
+
+
+ledger_ops = st.lists(st.one_of(
+    st.tuples(st.sampled_from([wire.OP_ALLOC, wire.OP_FREE, wire.OP_FREE_CACHED,
+                               wire.OP_UNCACHE]),
+              st.lists(st.integers(1, 3 * CHUNK - 1), min_size=1, max_size=6, unique=True)),
+    st.tuples(st.sampled_from([wire.OP_ALLOC, wire.OP_FREE_CACHED]),
+              st.integers(1, 3 * CHUNK - 200).map(lambda a: list(range(a, a + 150)))),
+    st.just((wire.OP_UNCACHE_ALL, [])),
+), min_size=1, max_size=8)
+
+
+@settings(max_examples=100, deadline=None)
+@given(steps=st.lists(ledger_ops, min_size=1, max_size=10))
+def test_the_ledger_marks_every_chunk_its_ops_touch(
+        steps: list[list[tuple[int, list[int]]]]) -> None:
+    """Three chunks of blocks; after each step's ops the ledger's longest run equals a
+    scan of its states (a chunk left unmarked would keep its figures from before)."""
+    led = Ledger(3 * CHUNK, [16])
+    assert led.max_contiguous_free() == scan(led.states)
+    for ops in steps:
+        led.apply(ops)
+        assert led.max_contiguous_free() == scan(led.states)

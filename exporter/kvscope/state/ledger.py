@@ -11,7 +11,7 @@ from operator import itemgetter
 
 import numpy as np
 
-from kvscope.state.free_run import LongestFreeRun
+from kvscope.state.free_run import ALL, LongestFreeRun
 from kvscope.state.token_counts import TokenCounts
 from kvscope_probe import wire
 
@@ -49,6 +49,9 @@ class Ledger:
         self._runs: tuple[int, np.ndarray] = (-1, np.zeros(0, np.int64))
         self._longest = LongestFreeRun(_FREE_MAX)
         self._longest_at = (-1, 0)  # (version, the longest free run then)
+        self._marked = ALL
+        """Chunks of the blocks changed since the longest run was measured
+        (``LongestFreeRun.chunks_of``)."""
 
     # -- block operations -------------------------------------------------------
     def apply(self, ops: list[tuple[int, list[int]]]) -> None:
@@ -59,11 +62,27 @@ class Ledger:
         st = self.states
         n = self.num_blocks
         free, cached = self.free, self.cached  # kept in locals, stored back once
+        marked, shift = self._marked, self._longest.shift
         try:
             for kind, ids in ops:
-                if ids and (min(ids) <= 0 or max(ids) >= n):
-                    bad = next(i for i in ids if not 0 < i < n)
-                    raise ValueError(f"block id {bad} outside pool of {n}")
+                if kind == _ALLOC and len(ids) == 1:  # most ops: a table grew one block
+                    i = ids[0]
+                    if not 0 < i < n:
+                        raise ValueError(f"block id {i} outside pool of {n}")
+                    marked |= 1 << (i >> shift)
+                    s = st[i]
+                    if s <= _FREE_MAX:
+                        free -= 1
+                        if s == _CACHED:
+                            cached -= 1
+                    st[i] = _USED
+                    continue
+                if ids:
+                    lo, hi = min(ids), max(ids)
+                    if lo <= 0 or hi >= n:
+                        bad = next(i for i in ids if not 0 < i < n)
+                        raise ValueError(f"block id {bad} outside pool of {n}")
+                    marked |= (2 << (hi >> shift)) - (1 << (lo >> shift))  # chunks_of
                 if kind == _ALLOC:
                     for i in ids:
                         s = st[i]
@@ -92,10 +111,11 @@ class Ledger:
                     arr = self.array()
                     arr[arr == _CACHED] = _FREE_STATE
                     cached = 0
+                    marked = ALL
                 else:
                     raise ValueError(f"unknown block op {kind}")
         finally:
-            self.free, self.cached = free, cached
+            self.free, self.cached, self._marked = free, cached, marked
 
     def load(self, kf: wire.Keyframe) -> bool:
         """Adopt a keyframe; return True when an in-sync ledger disagreed with it."""
@@ -106,6 +126,7 @@ class Ledger:
             or self.tokens != kf.tokens
         )
         self.states = bytearray(kf.states)
+        self._marked = ALL
         arr = self.array()
         self.free = int(np.count_nonzero(arr <= _FREE_MAX))
         self.cached = int(np.count_nonzero(arr == wire.STATE_CACHED))
@@ -145,11 +166,12 @@ class Ledger:
 
     def max_contiguous_free(self) -> int:
         """The longest run of consecutive free block IDs (sampled ten times a second per
-        engine: recomputed only where the pool changed since, ``free_run``)."""
+        engine: recomputed only in the chunks the ops since touched, ``free_run``)."""
         version, longest = self._longest_at
         if version != self.version:
-            longest = self._longest.measure(self.states)
+            longest = self._longest.measure(self.states, self._marked)
             self._longest_at = (self.version, longest)
+            self._marked = 0
         return longest
 
 
