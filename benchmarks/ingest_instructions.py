@@ -2,7 +2,7 @@
 
     python benchmarks/ingest_instructions.py [--running 256] [--preempt] [--pool N] [--interval S]
         [--warm 50] [--steps 800] [--short-steps 150] [--long-steps 850] [--frames FILE]
-        [--against CHECKOUT ...] [--out DIR]
+        [--against CHECKOUT ...] [--native N] [--out DIR]
 
 One engine (``decode_feed.py``: vLLM's real scheduler, no model) runs with the probe
 loaded, sending to this process, which keeps every frame as received (``frames.msgpack``
@@ -29,6 +29,12 @@ Repeats are identical (same count to the instruction): the children run with
 longest free run at most every 0.1 s, and a replay runs faster than the engine did).
 Record at the pace to attribute: ``--interval 0.01`` is issue 25's fleet engine (at most
 100 steps a second; 32 running, ``--pool 131072``).
+
+``--native N`` (5 by default) also runs each replay without valgrind, N times in one
+process, and reports the least CPU time's (long - short) / steps: cachegrind counts every
+iteration of ``rep movs``/``rep stos`` (glibc's memcpy and memset of large buffers: one
+instruction a byte) and numpy's vectorised loops retire several instructions a cycle, so
+code that moves a pool's bytes reads dearer in instructions than it runs.
 
 A replay is attribution, never the live cost: the frames are decoded by one process with
 hot caches, without the receiver, HTTP, the layout sampler or the store around it
@@ -194,28 +200,55 @@ def prefixes(path: Path, short_steps: int, long_steps: int) -> tuple[int, int]:
     return short, long
 
 
+def child_env(exporter: Path) -> dict[str, str]:
+    """A replay child's environment: quiet threads, a fixed hash seed, that exporter."""
+    from instructions import QUIET_ENV
+
+    return {**os.environ, **QUIET_ENV, "PYTHONHASHSEED": "0", "PYTHONPATH": str(exporter)}
+
+
 def count(mode: str, path: Path, n: int, exporter: Path, work: Path) -> dict[str, Any]:
     """One replay child under cachegrind: its result and the instructions it executed."""
-    from instructions import QUIET_ENV, VALGRIND, total_ir
+    from instructions import VALGRIND, total_ir
 
     out = work / f"cg.{exporter.parent.name}.{mode}.{n}"
-    env = {**os.environ, **QUIET_ENV, "PYTHONHASHSEED": "0", "PYTHONPATH": str(exporter)}
     proc = subprocess.run(
         [*VALGRIND, f"--cachegrind-out-file={out}", sys.executable, str(Path(__file__)),
          "--replay", mode, str(path), str(n)],
-        env=env, capture_output=True, text=True, check=True)
+        env=child_env(exporter), capture_output=True, text=True, check=True)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     return {**result, "ir": total_ir(out)}
 
 
+def native(mode: str, path: Path, n: int, exporter: Path, repeats: int) -> float:
+    """The least CPU seconds of ``repeats`` replays of ``n`` frames in one process
+    (natively, caches hot after the first)."""
+    proc = subprocess.run([sys.executable, str(Path(__file__)), "--native", mode, str(path),
+                           str(n), str(repeats)], env=child_env(exporter),
+                          capture_output=True, text=True, check=True)
+    return float(proc.stdout.strip().splitlines()[-1])
+
+
+def native_child(mode: str, path: Path, n: int, repeats: int) -> float:
+    spent = []
+    for _ in range(repeats):
+        t = time.process_time()
+        replay(mode, path, n)
+        spent.append(time.process_time() - t)
+    return min(spent)
+
+
 def measure(path: Path, cut: tuple[int, int], exporter: Path,
-            work: Path) -> list[dict[str, Any]]:
+            work: Path, repeats: int = 0) -> list[dict[str, Any]]:
     rows = []
     for mode in MODES:
         short = count(mode, path, cut[0], exporter, work)
         long = count(mode, path, cut[1], exporter, work)
         steps = long["steps"] - short["steps"]
+        cpu = ((native(mode, path, cut[1], exporter, repeats)
+                - native(mode, path, cut[0], exporter, repeats)) / steps if repeats else None)
         rows.append({"code": str(exporter.parent), "mode": mode, "steps": steps,
+                     "native_us_per_step": cpu * 1e6 if cpu is not None else None,
                      "instr_per_step": (long["ir"] - short["ir"]) / steps,
                      "rows_per_step": (long["rows"] - short["rows"]) / steps,
                      "synced": long["synced"], "mismatches": long["mismatches"],
@@ -224,19 +257,24 @@ def measure(path: Path, cut: tuple[int, int], exporter: Path,
 
 
 def report(rows: list[dict[str, Any]]) -> None:
-    print(f"{'code':<28} {'mode':<6} {'steps':>6} {'instr/step':>12} {'rows/step':>9} "
-          f"{'share':>6}  ledger")
+    print(f"{'code':<28} {'mode':<6} {'steps':>6} {'instr/step':>12} {'native us':>9} "
+          f"{'rows/step':>9} {'share':>6}  ledger")
     for r in rows:
         full = next(x for x in rows if x["code"] == r["code"] and x["mode"] == "full")
         ledger = ("synced" if r["synced"] else "NOT synced") + f", {r['mismatches']} mismatches"
+        cpu = r["native_us_per_step"]
         print(f"{r['code'][-28:]:<28} {r['mode']:<6} {r['steps']:>6} "
-              f"{r['instr_per_step'] / 1e3:>10.1f} k {r['rows_per_step']:>9.2f} "
+              f"{r['instr_per_step'] / 1e3:>10.1f} k "
+              f"{'' if cpu is None else f'{cpu:.1f}':>9} {r['rows_per_step']:>9.2f} "
               f"{r['instr_per_step'] / full['instr_per_step']:>6.2f}  {ledger}")
 
 
 def main() -> None:
     if len(sys.argv) == 5 and sys.argv[1] == "--replay":  # the child: imports kept to its own
         print(json.dumps(replay(sys.argv[2], Path(sys.argv[3]), int(sys.argv[4]))))
+        return
+    if len(sys.argv) == 6 and sys.argv[1] == "--native":
+        print(native_child(sys.argv[2], Path(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])))
         return
     from _common import git_state
 
@@ -255,6 +293,8 @@ def main() -> None:
     p.add_argument("--long-steps", type=int, default=850, help="the long replay's")
     p.add_argument("--frames", type=Path, default=None, help="replay this recording")
     p.add_argument("--against", type=Path, nargs="*", default=[])
+    p.add_argument("--native", type=int, default=5, metavar="N",
+                   help="also each replay natively, the least CPU time of N (0: not)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="kvscope-ingest-instr-"))
@@ -265,7 +305,7 @@ def main() -> None:
     cut = prefixes(path, args.short_steps, args.long_steps)
     rows = []
     for checkout in (ROOT, *args.against):
-        rows += measure(path, cut, checkout.resolve() / "exporter", out)
+        rows += measure(path, cut, checkout.resolve() / "exporter", out, args.native)
     report(rows)
     summary = {"bench": "ingest_instructions", "running": args.running,
                "preempt": args.preempt, "pool": args.pool,
