@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvscope.state.free_run import ALL, CHUNK, LongestFreeRun
+from kvscope.state.free_run import CHUNK, SCAN_BELOW, LongestFreeRun
 from kvscope.state.ledger import Ledger
 from kvscope_probe import wire
 
@@ -31,14 +31,12 @@ changes = st.lists(st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 40),
 
 @settings(max_examples=300, deadline=None)
 @given(n=st.integers(0, 200), chunk=st.sampled_from([8, 16, 32, 64]),
-       start=st.sampled_from([0, 2]), steps=changes, whole=st.booleans())
+       start=st.sampled_from([0, 2]), steps=changes)
 def test_equals_a_scan_after_every_change(n: int, chunk: int, start: int,
-                                          steps: list[list[tuple[int, int, int]]],
-                                          whole: bool) -> None:
-    """In chunks, each change marked (``whole``: the pool scanned whole each time, as a
-    small one is)."""
+                                          steps: list[list[tuple[int, int, int]]]) -> None:
+    """In chunks, each change marked."""
     states = bytearray([start]) * n
-    longest = LongestFreeRun(FREE_MAX, chunk, scan_below=10**9 if whole else 0)
+    longest = LongestFreeRun(FREE_MAX, chunk)
     assert longest.measure(states) == scan(states)
     for step in steps:
         marked = 0
@@ -55,7 +53,7 @@ def test_unmarked_chunks_are_not_read() -> None:
     """A change outside the marked chunks is not seen until its chunk is marked: what is
     not marked is not read."""
     states = bytearray(64)
-    longest = LongestFreeRun(FREE_MAX, 16, scan_below=0)
+    longest = LongestFreeRun(FREE_MAX, 16)
     assert longest.measure(states) == 64
     states[40] = 2
     assert longest.measure(states, 0) == 64
@@ -67,7 +65,7 @@ def test_a_run_across_whole_free_chunks() -> None:
     one block in the middle taken, and given back."""
     states = bytearray([2]) * 100
     states[5:90] = bytes(85)
-    longest = LongestFreeRun(FREE_MAX, 16, scan_below=0)
+    longest = LongestFreeRun(FREE_MAX, 16)
     assert longest.measure(states) == 85
     states[40] = 2
     assert longest.measure(states, longest.chunks_of(40, 40)) == 49
@@ -76,17 +74,10 @@ def test_a_run_across_whole_free_chunks() -> None:
 
 
 def test_a_new_pool_size_starts_over() -> None:
-    longest = LongestFreeRun(FREE_MAX, 8, scan_below=0)
+    longest = LongestFreeRun(FREE_MAX, 8)
     assert longest.measure(bytes(20)) == 20
     assert longest.measure(bytes([2]) + bytes(40), 0) == 40  # every chunk read anyway
     assert longest.measure(b"") == 0
-
-
-def test_a_small_pool_is_scanned_whole() -> None:
-    """Below two chunks by default: no chunk is kept."""
-    longest = LongestFreeRun(FREE_MAX, 8)
-    assert longest.measure(bytes(15)) == 15 and longest._n == -1
-    assert longest.measure(bytes(16), ALL) == 16 and longest._n == 16
 
 
 def test_chunk_must_be_a_power_of_two() -> None:
@@ -105,13 +96,15 @@ ledger_ops = st.lists(st.one_of(
 
 
 @settings(max_examples=100, deadline=None)
-@given(steps=st.lists(ledger_ops, min_size=1, max_size=10))
+@given(steps=st.lists(ledger_ops, min_size=1, max_size=10),
+       blocks=st.sampled_from([3 * CHUNK, SCAN_BELOW - 1]))
 def test_the_ledger_marks_every_chunk_its_ops_touch(
-        steps: list[list[tuple[int, list[int]]]]) -> None:
+        steps: list[list[tuple[int, list[int]]]], blocks: int) -> None:
     """Three chunks of blocks; after each step's ops the ledger's longest run equals a
-    scan of its states (a chunk left unmarked would keep its figures from before)."""
-    led = Ledger(3 * CHUNK, [16])
+    scan of its states (a chunk left unmarked would keep its figures from before). A pool
+    under ``SCAN_BELOW`` is scanned whole, to the same answer."""
+    led = Ledger(blocks, [16])
     assert led.max_contiguous_free() == scan(led.states)
     for ops in steps:
-        led.apply(ops)
+        led.apply([(kind, [1 + (i - 1) % (blocks - 1) for i in ids]) for kind, ids in ops])
         assert led.max_contiguous_free() == scan(led.states)

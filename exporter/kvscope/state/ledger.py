@@ -11,7 +11,7 @@ from operator import itemgetter
 
 import numpy as np
 
-from kvscope.state.free_run import ALL, LongestFreeRun
+from kvscope.state.free_run import ALL, SCAN_BELOW, LongestFreeRun
 from kvscope.state.token_counts import TokenCounts
 from kvscope_probe import wire
 
@@ -169,7 +169,11 @@ class Ledger:
         engine: recomputed only in the chunks the ops since touched, ``free_run``)."""
         version, longest = self._longest_at
         if version != self.version:
-            longest = self._longest.measure(self.states, self._marked)
+            if self.num_blocks < SCAN_BELOW:  # a small pool: its runs, in one pass
+                runs = self.free_runs()
+                longest = int(runs[-1]) if runs.size else 0
+            else:
+                longest = self._longest.measure(self.states, self._marked)
             self._longest_at = (self.version, longest)
             self._marked = 0
         return longest
