@@ -35,11 +35,13 @@ def expected_color(layout: dict[str, Any], state: int, owner: int) -> str:
     return palette.owner_color(layout["owners"][owner]["req_id"])
 
 
-def open_ui(page: Any, url: str) -> float:
-    """Load the page; seconds until its first heatmap is drawn."""
+def open_ui(page: Any, url: str, wait_s: float = 2.0) -> float:
+    """Load the page; seconds until its first heatmap is drawn (waiting ``wait_s`` at most
+    for the draw once the page has loaded)."""
     t0 = time.monotonic()
     page.goto(url)
-    page.wait_for_function("window.kvscope && window.kvscope.draws > 0", timeout=2000)
+    page.wait_for_function("window.kvscope && window.kvscope.draws > 0",
+                           timeout=wait_s * 1000)
     return time.monotonic() - t0
 
 
@@ -114,7 +116,11 @@ def test_a_token_in_the_page_url_is_sent_with_every_fetch(serve: Any, page: Any)
     assert httpx.get(f"{srv.url}/api/layout", timeout=5).status_code == 401
     assert httpx.get(f"{srv.url}/ui", timeout=5).status_code == 401  # the page is guarded too
     assert httpx.get(f"{srv.url}/ui?token=wrong", timeout=5).status_code == 401
-    assert open_ui(page, f"{srv.url}/ui?token=s3cret") < 2.0
+    # What this test claims is the token, not the speed (test_heatmap_pixels... times the
+    # first draw): loading the page took 2.9 s once in CI while the other worker ran a
+    # vLLM server, so the draw is waited for as a poll under load is (after_next_poll).
+    open_ui(page, f"{srv.url}/ui?token=s3cret", wait_s=30)
+    assert page.evaluate("window.kvscope.draws") > 0
     assert page.locator("#status").inner_text().startswith("live")
 
 
