@@ -62,14 +62,14 @@ class Ledger:
         st = self.states
         n = self.num_blocks
         free, cached = self.free, self.cached  # kept in locals, stored back once
-        marked, shift = self._marked, self._longest.shift
+        marked, shift, chunks_of = self._marked, self._longest.shift, self._longest.chunks_of
         try:
             for kind, ids in ops:
                 if kind == _ALLOC and len(ids) == 1:  # most ops: a table grew one block
                     i = ids[0]
                     if not 0 < i < n:
                         raise ValueError(f"block id {i} outside pool of {n}")
-                    marked |= 1 << (i >> shift)
+                    marked |= 1 << (i >> shift)  # chunks_of(i, i), without the call
                     s = st[i]
                     if s <= _FREE_MAX:
                         free -= 1
@@ -82,7 +82,7 @@ class Ledger:
                     if lo <= 0 or hi >= n:
                         bad = next(i for i in ids if not 0 < i < n)
                         raise ValueError(f"block id {bad} outside pool of {n}")
-                    marked |= (2 << (hi >> shift)) - (1 << (lo >> shift))  # chunks_of
+                    marked |= chunks_of(lo, hi)
                 if kind == _ALLOC:
                     for i in ids:
                         s = st[i]
