@@ -72,8 +72,10 @@ def test_owner_figures_equal_the_table_by_table_reading(groups: int) -> None:
         want_owner, want_group, want = reference(tables, n, multi)
         owner = np.full(n, -1, np.int32)
         group = np.full(n, -1 if multi else 0, np.int16)
-        blocks, shared, frags, runs, listed = owner_figures(tables, n, owner,
+        blocks, shared, frags, flat, listed = owner_figures(tables, n, owner,
                                                             group if multi else None)
+        runs = flat.runs()
+        assert runs == [flat.runs_of(i) for i in range(len(tables))]
         assert owner.tolist() == want_owner.tolist()
         assert listed.tolist() == np.flatnonzero(want_owner != -1).tolist()
         assert group.tolist() == want_group.tolist()
@@ -84,8 +86,8 @@ def test_owner_figures_equal_the_table_by_table_reading(groups: int) -> None:
 def test_negative_ids_take_the_reference_runs() -> None:
     tables = {"a": [[-1, 0, 0, 3, 4]], "b": [[]]}
     owner = np.full(8, -1, np.int32)
-    _, _, _, runs, listed = owner_figures(tables, 8, owner, None)
-    assert runs == [[table_runs([-1, 0, 0, 3, 4])], [()]]
+    _, _, _, flat, listed = owner_figures(tables, 8, owner, None)
+    assert flat.runs() == [[table_runs([-1, 0, 0, 3, 4])], [()]]
     assert owner.tolist() == [-1, -1, -1, 0, 0, -1, -1, -1]
     assert listed.tolist() == [3, 4]
 
@@ -128,5 +130,12 @@ def test_a_snapshot_equals_the_pass_per_figure_reading(groups: int) -> None:
                               1.0)
         runs, free, cached, used, longest = reference_pool(states, tables, groups > 1)
         assert snap.runs.tolist() == runs
+        _, _, want = reference(tables, n, groups > 1)
+        owners = list(snap.owners)  # the tables' runs built all at once, as when stored
+        assert [(o.req_id, o.blocks, o.shared_blocks, o.fragments,
+                 [t.runs for t in o.groups]) for o in owners] \
+            == [(r, b, s, f, t) for r, (b, s, f, t) in zip(tables, want, strict=True)]
+        assert [snap.owners[i] for i in range(len(tables))] == owners  # one by one
+        assert snap.owners[-1:] == owners[-1:]
         assert (snap.free_blocks, snap.cached_blocks, snap.used_blocks,
                 snap.max_contiguous_free) == (free, cached, used, longest)

@@ -17,12 +17,12 @@ import numpy as np
 
 def owner_figures(tables: Mapping[str, list[list[int]]], n: int, owner: np.ndarray,
                   group: np.ndarray | None) -> tuple[list[int], list[int], list[int],
-                                                     list[list[tuple[tuple[int, int], ...]]],
-                                                     np.ndarray]:
+                                                     FlatTables, np.ndarray]:
     """Fill ``owner`` (index of the request in ``tables``' order, per block) and, when
     given, ``group``; return per request its blocks (in the pool, null excluded), shared
-    blocks, fragments (``snapshot.fragments`` of each group, summed) and per group its
-    table runs (``snapshot.table_runs``); and the IDs of the blocks it filled, sorted."""
+    blocks and fragments (``snapshot.fragments`` of each group, summed); the tables
+    flattened (``FlatTables``: each group's runs, ``snapshot.table_runs``, are built from
+    them when read); and the IDs of the blocks it filled, sorted."""
     seg_lens = [len(ids) for t in tables.values() for ids in t]
     nreq = len(tables)
     seg_req = np.fromiter((i for i, t in enumerate(tables.values()) for _ in t), np.int64,
@@ -49,32 +49,63 @@ def owner_figures(tables: Mapping[str, list[list[int]]], n: int, owner: np.ndarr
             np.bincount(vreq, weights=shared, minlength=nreq).astype(np.int64).tolist(),
             np.bincount(req_of[pos], weights=new_frag, minlength=nreq).astype(np.int64)
             .tolist(),
-            _runs_by_request(flat, seg_of, seg_lens, tables), blocks)
+            FlatTables(flat, seg_lens, [len(t) for t in tables.values()]), blocks)
 
 
-def _runs_by_request(flat: np.ndarray, seg_of: np.ndarray, seg_lens: list[int],
-                     tables: Mapping[str, list[list[int]]]
-                     ) -> list[list[tuple[tuple[int, int], ...]]]:
-    """Each table's runs: consecutive IDs, or consecutive null placeholders (0)."""
-    if flat.size and int(flat.min()) < 0:  # never from vLLM; the reference loop decides
+class FlatTables:
+    """Every request's block table, group by group, flattened in listing order. A
+    snapshot keeps this rather than its owners' runs: the runs are read only when the
+    snapshot is shown or stored, and built per block table they were most of a busy
+    pool's sample (at 256 running nearly every run is one block long)."""
+
+    __slots__ = ("flat", "seg_lens", "groups")
+
+    def __init__(self, flat: np.ndarray, seg_lens: list[int], groups: list[int]) -> None:
+        self.flat = flat
+        """Every table's IDs, request by request, group by group."""
+        self.seg_lens = seg_lens
+        """Each table's length, in the same order."""
+        self.groups = groups
+        """Each request's number of tables (KV cache groups)."""
+
+    @property
+    def nbytes(self) -> int:
+        return self.flat.nbytes + 8 * (len(self.seg_lens) + len(self.groups))
+
+    def runs(self) -> list[list[tuple[tuple[int, int], ...]]]:
+        """Each request's table runs per group: consecutive IDs, or consecutive null
+        placeholders (0)."""
+        flat, seg_lens = self.flat, self.seg_lens
+        if flat.size and int(flat.min()) < 0:  # never from vLLM; the reference loop decides
+            return [self.runs_of(i) for i in range(len(self.groups))]
+        seg_of = np.repeat(np.arange(len(seg_lens)), seg_lens)
+        start = np.ones(flat.size, bool)
+        cur, prev = flat[1:], flat[:-1]
+        same = ((cur == 0) & (prev == 0)) | ((cur > 0) & (prev > 0) & (cur == prev + 1))
+        start[1:] = ~same | (seg_of[1:] != seg_of[:-1])
+        at = np.flatnonzero(start)
+        lengths = np.diff(np.append(at, flat.size)).tolist()
+        runs = list(zip(flat[at].tolist(), lengths, strict=True))
+        per_seg = np.bincount(seg_of[at], minlength=len(seg_lens)).tolist()
+        out: list[list[tuple[tuple[int, int], ...]]] = []
+        k = s = 0
+        for n in self.groups:
+            groups = []
+            for _ in range(n):
+                groups.append(tuple(runs[k:k + per_seg[s]]))
+                k += per_seg[s]
+                s += 1
+            out.append(groups)
+        return out
+
+    def runs_of(self, i: int) -> list[tuple[tuple[int, int], ...]]:
+        """Request ``i``'s table runs per group (``snapshot.table_runs``)."""
         from kvscope.layout.snapshot import table_runs
 
-        return [[table_runs(ids) for ids in t] for t in tables.values()]
-    start = np.ones(flat.size, bool)
-    cur, prev = flat[1:], flat[:-1]
-    same = ((cur == 0) & (prev == 0)) | ((cur > 0) & (prev > 0) & (cur == prev + 1))
-    start[1:] = ~same | (seg_of[1:] != seg_of[:-1])
-    at = np.flatnonzero(start)
-    lengths = np.diff(np.append(at, flat.size)).tolist()
-    runs = list(zip(flat[at].tolist(), lengths, strict=True))
-    per_seg = np.bincount(seg_of[at], minlength=len(seg_lens)).tolist()
-    out: list[list[tuple[tuple[int, int], ...]]] = []
-    k = s = 0
-    for t in tables.values():
-        groups = []
-        for _ in t:
-            groups.append(tuple(runs[k:k + per_seg[s]]))
-            k += per_seg[s]
-            s += 1
-        out.append(groups)
-    return out
+        seg = sum(self.groups[:i])
+        at = sum(self.seg_lens[:seg])
+        out = []
+        for n in self.seg_lens[seg:seg + self.groups[i]]:
+            out.append(table_runs(self.flat[at:at + n].tolist()))
+            at += n
+        return out

@@ -16,12 +16,13 @@ no lock, no I/O.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
-from kvscope.layout.owners import owner_figures
+from kvscope.layout.owners import FlatTables, owner_figures
 from kvscope.state.engine import EngineState
 from kvscope_probe import wire
 from kvscope_probe.identity import engine_key
@@ -104,7 +105,7 @@ class Snapshot:
     kv_groups: tuple[wire.KVGroup, ...]
     runs: np.ndarray
     """int32 rows (state, owner index or -1, group or -1, length) covering every block."""
-    owners: tuple[Owner, ...]
+    owners: Sequence[Owner]
     free_blocks: int
     cached_blocks: int
     used_blocks: int
@@ -123,6 +124,45 @@ class Snapshot:
     def key(self) -> str:
         """The engine's name in the sidecar (EngineState.key)."""
         return engine_key(self.server, self.engine)
+
+
+class Owners(Sequence[Owner]):
+    """A sampled pool's owners, in listing order: their figures kept as computed, their
+    block tables (``Owner.groups``) built from the flattened tables each time they are
+    read (when the snapshot is shown or stored; most samples are neither)."""
+
+    __slots__ = ("req_ids", "blocks", "fragments", "tokens", "shared", "tables")
+
+    def __init__(self, req_ids: tuple[str, ...], blocks: list[int], fragments: list[int],
+                 tokens: list[int], shared: list[int], tables: FlatTables) -> None:
+        self.req_ids, self.blocks, self.fragments = req_ids, blocks, fragments
+        self.tokens, self.shared, self.tables = tokens, shared, tables
+
+    @property
+    def nbytes(self) -> int:
+        """About what this adds to the sampler's history."""
+        return self.tables.nbytes + 96 * len(self.req_ids)
+
+    def __len__(self) -> int:
+        return len(self.req_ids)
+
+    def _owner(self, i: int, runs: list[TableRuns]) -> Owner:
+        return Owner(self.req_ids[i], self.blocks[i], self.fragments[i], self.tokens[i],
+                     self.shared[i], tuple(GroupTable(r) for r in runs))
+
+    @overload
+    def __getitem__(self, i: int) -> Owner: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Owner]: ...
+    def __getitem__(self, i: int | slice) -> Owner | list[Owner]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        k = range(len(self))[i]  # IndexError, negative indices
+        return self._owner(k, self.tables.runs_of(k))
+
+    def __iter__(self) -> Iterator[Owner]:
+        for i, runs in enumerate(self.tables.runs()):
+            yield self._owner(i, runs)
 
 
 def fragments(ids: list[int]) -> int:
@@ -226,11 +266,10 @@ def build_snapshot(c: EngineCopy, ts: float) -> Snapshot:
     rest = SHARED_GROUP if multi else 0
     owner = np.full(n, NO_OWNER, np.int32)
     group = np.full(n, rest, np.int16)
-    blocks, shared, frags, runs_of, listed = owner_figures(c.tables, n, owner,
-                                                           group if multi else None)
-    owners = [Owner(rid, blocks[i], frags[i], c.tokens.get(rid, 0), shared[i],
-                    tuple(GroupTable(r) for r in runs_of[i]))
-              for i, rid in enumerate(c.tables)]
+    blocks, shared, frags, tables, listed = owner_figures(c.tables, n, owner,
+                                                          group if multi else None)
+    owners = Owners(tuple(c.tables), blocks, frags, [c.tokens.get(r, 0) for r in c.tables],
+                    shared, tables)
     runs = pool_runs(arr, owner, group, listed, rest)
     free_runs = free_run_lengths(runs)
     counts = np.bincount(runs[:, 0], weights=runs[:, 3], minlength=wire.STATE_NULL + 1)
@@ -238,13 +277,12 @@ def build_snapshot(c: EngineCopy, ts: float) -> Snapshot:
     return Snapshot(
         engine=c.hello.engine, model=c.hello.model, session=c.hello.session, ts=ts,
         step=c.steps, step_ts=last.ts if last else 0.0, num_blocks=n,
-        kv_groups=tuple(c.hello.kv_groups), runs=runs, owners=tuple(owners),
+        kv_groups=tuple(c.hello.kv_groups), runs=runs, owners=owners,
         free_blocks=int(counts[wire.STATE_FREE] + counts[wire.STATE_CACHED]),
         cached_blocks=int(counts[wire.STATE_CACHED]),
         used_blocks=int(counts[wire.STATE_USED]),
         max_contiguous_free=int(free_runs.max()) if free_runs.size else 0,
         budget_utilization=c.budget_utilization,
         running=last.running if last else 0, waiting=last.waiting if last else 0,
-        cost=runs.nbytes + sum(96 + 16 * sum(len(t.runs) for t in o.groups) for o in owners)
-        + 256, server=c.server, preemptions=c.preemptions,
+        cost=runs.nbytes + owners.nbytes + 256, server=c.server, preemptions=c.preemptions,
     )
