@@ -1,7 +1,7 @@
 """A real ``kvscope serve`` fed one engine's recorded frames, with no engine running.
 
     python benchmarks/sidecar_feed.py [--frames FILE | --running 256 --steps 6000]
-        [--paces 185 0] [--variant off] [--rounds 2] [--spin] [--pin CPU]
+        [--paces 185 0] [--group 1] [--variant off] [--rounds 2] [--spin] [--pin CPU]
         [--layout-interval S] [--against CHECKOUT] [--out DIR]
 
 ``sidecar_live.py`` measures the sidecar beside the engines that feed it; this sends the
@@ -95,10 +95,10 @@ def feed(args: argparse.Namespace, frames: list[list[bytes]], counts: list[int],
         time.sleep(1.0)
         c0, s0, t0 = schedstat(side.pid), os_threads(side.pid), time.monotonic()
         due = t0
-        for parts, n in zip(frames[1:], counts[1:], strict=True):
+        for i, (parts, n) in enumerate(zip(frames[1:], counts[1:], strict=True), 1):
             sock.send_multipart(parts)
-            if pace > 0:
-                due += n / pace
+            due += n / pace if pace > 0 else 0.0
+            if pace > 0 and i % args.group == 0:
                 time.sleep(max(0.0, due - time.monotonic()))
         seen = wait_engine_steps(side.url, args.engine, sum(counts), 120.0)
         c1, s1, t1 = schedstat(side.pid), os_threads(side.pid), time.monotonic()
@@ -110,7 +110,7 @@ def feed(args: argparse.Namespace, frames: list[list[bytes]], counts: list[int],
     steps = sum(counts[1:])
     cpu = cpu_by_name(c0, c1)
     return {
-        "sidecar": label, "pace": pace, "spin": args.spin, "steps": steps,
+        "sidecar": label, "pace": pace, "group": args.group, "spin": args.spin, "steps": steps,
         "wall_s": t1 - t0, "us_per_step": sum(cpu.values()) / steps * 1e6,
         "us_per_step_by_thread": {k: v / steps * 1e6 for k, v in cpu.items()},
         "kernel_cpu_s_by_thread": by_thread_name(s0, s1, side.pid, 2),
@@ -129,6 +129,8 @@ def main() -> None:
                    help="engine steps a second sent (0: as fast as the socket takes them)")
     p.add_argument("--variant", default="off", choices=list(VARIANTS))
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--group", type=int, default=1,
+                   help="send frames this many at a time, the pace kept on average")
     p.add_argument("--spin", action="store_true")
     p.add_argument("--pin", type=int, default=None, help="the sidecar's CPU")
     p.add_argument("--layout-interval", type=float, default=None,

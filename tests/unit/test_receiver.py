@@ -8,6 +8,7 @@ import contextlib
 import os
 import socket
 import stat
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 import zmq
 
 from kvscope.localvllm.server import free_port
+from kvscope.sidecar.ingest import receiver as receiver_module
 from kvscope.sidecar.ingest.receiver import FrameQueue, Receiver
 from kvscope.state.hub import Hub
 from kvscope_probe import transport, wire
@@ -95,6 +97,56 @@ def test_a_stalled_hub_costs_bounded_memory_and_every_frame_is_counted(tmp_path:
     print(f"stalled hub: {sent} frames sent, {hub.frames} ingested, "
           f"{hub.rejected['buffer_full']} refused as buffer_full, peak queue {peak} bytes "
           f"(limit {limit})")
+
+
+def test_frames_that_arrive_while_the_ingest_thread_waits_are_taken_together(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each wake-up of the ingest thread costs more than a frame (benchmarks/README.md,
+    thirteenth pass): once it has taken every queued frame it lets the next ones gather
+    for TAKE_EVERY_S, takes them in one go, and when stopping takes what is left at once."""
+    monkeypatch.setattr(receiver_module, "TAKE_EVERY_S", 0.5)  # room for a loaded machine
+    hub = Hub()
+    taken: list[tuple[int, float]] = []
+    accept = hub.accept
+
+    def timed(parts: list[bytes]) -> None:
+        accept(parts)
+        taken.append((hub.frames, time.monotonic()))
+
+    monkeypatch.setattr(hub, "accept", timed)
+    gathering: list[float] = []
+
+    class Stop(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            gathering.append(time.monotonic())
+            return super().wait(timeout)
+
+    rx = Receiver(hub, [f"ipc://{tmp_path}/probe.sock"])
+    rx.stop_event = Stop()
+    rx._ingest.start()  # the ingest thread alone, fed through its queue
+    try:
+        rx.queue.put(keyframe_frame(0))
+        wait("the first frame taken", lambda: len(taken) == 1 and len(gathering) == 1)
+        for seq in (1, 2, 3):  # three frames 20 ms apart, inside the gathering window
+            rx.queue.put(keyframe_frame(seq))
+            time.sleep(0.02)
+        last_put = time.monotonic()
+        wait("the three taken", lambda: len(taken) == 4)
+        assert all(t >= last_put for _, t in taken[1:])  # none was taken on its own
+        assert taken[-1][1] - taken[1][1] < 0.1
+        rx.queue.put(keyframe_frame(4))
+        rx.queue.put(keyframe_frame(5))
+        stopped = time.monotonic()
+        rx.stop_event.set()
+        rx._ingest.join(5)
+    finally:
+        rx.stop_event.set()
+        rx._ingest.join(5)
+        for sock in rx._socks.values():  # never bound: the socket thread was not started
+            sock.close(0)
+        rx._ctx.term()
+    assert [n for n, _ in taken] == [1, 2, 3, 4, 5, 6]  # every frame, in order
+    assert taken[-1][1] - stopped < 0.5  # stopping does not wait out the window
 
 
 def test_ipc_endpoints_are_private_to_this_user(tmp_path: Path) -> None:

@@ -32,6 +32,13 @@ log = logging.getLogger("kvscope.sidecar")
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a keyframe of a 1M-block pool fits
 DEFAULT_BUFFER_BYTES = 256 * 1024 * 1024
 TICK_S = 0.1
+TAKE_EVERY_S = 0.1
+"""Once the ingest thread has taken every queued frame, frames wait this long to be taken
+together: each wake-up of an idle thread costs more than the frame it takes (fed one
+engine's frames at its pace with no engine running, 8 frames a wake-up took 127-136 us of
+ingest CPU a step against 201-220 for one, benchmarks/README.md "thirteenth pass"), and
+with several engines their frames arrive apart. What the sidecar shows is at most this
+much later."""
 
 
 def prepare_endpoint(endpoint: str) -> None:
@@ -161,13 +168,18 @@ class Receiver(threading.Thread):
         name_os_thread()
         try:
             next_tick = time.monotonic()
+            took = False
             while not self.stop_event.is_set() or len(self.queue):
                 if time.monotonic() >= next_tick:
                     self.hub.tick()
                     next_tick = time.monotonic() + TICK_S
-                parts = self.queue.get(TICK_S)
+                parts = self.queue.get(0.0 if took else TICK_S)
                 if parts is not None:
                     self.hub.accept(parts)
+                    took = True
+                elif took:  # every queued frame taken: the next ones gather meanwhile
+                    took = False
+                    self.stop_event.wait(TAKE_EVERY_S)  # at once when stopping
         except Exception as exc:  # noqa: BLE001 - surfaced through /healthz
             self.error = exc
             log.exception("ingest stopped")
