@@ -32,13 +32,13 @@ log = logging.getLogger("kvscope.sidecar")
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a keyframe of a 1M-block pool fits
 DEFAULT_BUFFER_BYTES = 256 * 1024 * 1024
 TICK_S = 0.1
-TAKE_EVERY_S = 0.1
+TAKE_EVERY_S = 0.25
 """Once the ingest thread has taken every queued frame, frames wait this long to be taken
 together: each wake-up of an idle thread costs more than the frame it takes (fed one
 engine's frames at its pace with no engine running, 8 frames a wake-up took 127-136 us of
-ingest CPU a step against 201-220 for one, benchmarks/README.md "thirteenth pass"), and
-with several engines their frames arrive apart. What the sidecar shows is at most this
-much later."""
+ingest CPU a step against 201-220 for one, benchmarks/README.md "thirteenth pass"), a
+probe sends a frame every 0.1 s, and with several engines their frames arrive apart.
+What the sidecar shows is at most this much later than the probe's frame."""
 
 
 def prepare_endpoint(endpoint: str) -> None:
