@@ -50,6 +50,11 @@ def test_a_real_engine_exports_exactly_its_budget(engine_stack: EngineStack) -> 
     # since the engine appeared (every few seconds; later on a loaded machine)
     wait_until("a scrape of vLLM's /metrics reconciled", lambda: "kvscope_reconciliation_"
                "preemptions_diff{" in get_text(f"{engine_stack.sidecar.url}/metrics"), 60)
+    # the middleware's client events reach the sidecar apart from the engine's records
+    # (and are taken up to receiver.TAKE_EVERY_S after they arrive)
+    wait_until("the budget client's requests counted",
+               lambda: 'kvscope_client_requests_total{client="budget"}' in
+               get_text(f"{engine_stack.sidecar.url}/metrics"), 30)
     text = get_text(f"{engine_stack.sidecar.url}/metrics")
     statuses = labels_of(text, "vllm_scheduler_requests_ended_total", "status")
     tables = labels_of(text, "kvscope_sink_errors_total", "sink")
