@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import math
 import os
 import subprocess
@@ -50,6 +51,15 @@ def machine_noise() -> dict[str, Any]:
         if "vllm.entrypoints" in text or "EngineCore" in text:
             others.append(int(cmdline.parent.name))
     return {"loadavg_1m": os.getloadavg()[0], "vllm_pids": sorted(others)}
+
+
+def write_summary(summary: dict[str, Any], out: Path) -> None:
+    """Close a benchmark's run: the machine's noise after it, ``summary.json`` in ``out``,
+    and the same JSON as the last line printed."""
+    summary["noise_after"] = machine_noise()
+    line = json.dumps(summary)
+    (out / "summary.json").write_text(line)
+    print(line)
 
 
 def process_cpu_s(pid: int) -> float:

@@ -24,7 +24,6 @@ A report, never an assertion: prints a table and one JSON line (also ``summary.j
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -35,7 +34,7 @@ from typing import Any
 
 import msgspec
 import zmq
-from _common import Sidecar, git_state, machine_noise, wait_engine_steps
+from _common import Sidecar, git_state, machine_noise, wait_engine_steps, write_summary
 from sidecar_live import VARIANTS, by_thread_name, os_threads
 
 from kvscope.procs import stop_process
@@ -172,10 +171,7 @@ def main() -> None:
                                     if v >= 0.5)
                 print(f"{label:8} {pace:5.0f} {r['steps']:6d} {r['us_per_step']:8.1f}  {threads}"
                       f"  (ingested {r['ingested']}, {r['mismatches']} mismatches)", flush=True)
-    summary["noise_after"] = machine_noise()
-    line = json.dumps(summary)
-    (out / "summary.json").write_text(line)
-    print(line)
+    write_summary(summary, out)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from _common import Sidecar, git_state, machine_noise, scrape, sidecar_engine
+from _common import Sidecar, git_state, machine_noise, scrape, sidecar_engine, write_summary
 from decode_feed import NO_PREEMPT_POOL
 
 from kvscope.procs import stop_process
@@ -301,10 +301,7 @@ def main() -> None:
         if "py_spy" in r:
             print("  py-spy threads:", r["py_spy"]["threads"])
             print("  py-spy inclusive:", r["py_spy"]["inclusive"])
-    summary["noise_after"] = machine_noise()
-    line = json.dumps(summary)
-    (out / "summary.json").write_text(line)
-    print(line)
+    write_summary(summary, out)
 
 
 if __name__ == "__main__":

@@ -19,13 +19,12 @@ assertion: prints a table and one JSON line (also ``summary.json``).
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from _common import git_state, machine_noise
+from _common import git_state, machine_noise, write_summary
 
 
 def settings(model: str, requests: int) -> list[tuple[str, Any, Any]]:
@@ -78,10 +77,7 @@ def main() -> None:
         print(f"{name:8} {cfg.max_model_len:7d} {cfg.num_blocks:6d} {m.steps:6d} "
               f"{r['running_mean']:7.1f} {m.preemptions_total:7d} {wall:7.1f} "
               f"{r['steps_per_s']:8.0f}", flush=True)
-    summary["noise_after"] = machine_noise()
-    line = json.dumps(summary)
-    (out / "summary.json").write_text(line)
-    print(line)
+    write_summary(summary, out)
 
 
 if __name__ == "__main__":
