@@ -15,9 +15,11 @@ Per pace and round, this checkout's sidecar then ``--against``'s (alternated): e
 thread's CPU from ``/proc/<pid>/task/*/schedstat`` (nanoseconds the scheduler ran it:
 exact, where ``stat``'s ticks are 10 ms), its kernel share and minor page faults from
 ``stat``, per ingested step, over the frames after the first (the engine's hello and
-keyframe). ``--spin`` runs a ``nice 19`` busy loop on the sidecar's CPU (``--pin``, 1 by
-default; the sidecar's threads and this feeder are pinned apart), so that CPU never
-idles between frames: what the sidecar's threads pay for waking on an idle virtual CPU.
+keyframe) until the sidecar reports the last step (polled every 0.5 s; its idle CPU over
+that tail, a few ms, is not subtracted). ``--spin`` runs a ``nice 19`` busy loop on the
+sidecar's CPU (``--pin``, 1 by default; the sidecar's threads and this feeder are pinned
+apart), so that CPU never idles between frames: what the sidecar's threads pay for
+waking on an idle virtual CPU.
 A report, never an assertion: prints a table and one JSON line (also ``summary.json``).
 """
 
@@ -41,8 +43,9 @@ from kvscope.procs import stop_process
 from kvscope_probe import wire
 
 
-def schedstat(pid: int) -> dict[int, tuple[str, int]]:
-    """Each thread's name and nanoseconds on a CPU so far."""
+def schedstat(pid: int) -> dict[int, tuple[str, float]]:
+    """Each thread's name and CPU seconds so far, from the scheduler's nanoseconds (read
+    by name with ``sidecar_live.by_thread_name``)."""
     out = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
@@ -50,18 +53,8 @@ def schedstat(pid: int) -> dict[int, tuple[str, int]]:
             ns = int((task / "schedstat").read_text().split()[0])
         except OSError:  # the thread ended meanwhile
             continue
-        out[int(task.name)] = (name, ns)
+        out[int(task.name)] = (name, ns / 1e9)
     return out
-
-
-def cpu_by_name(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]]
-                ) -> dict[str, float]:
-    """CPU seconds between two ``schedstat`` readings, by thread name (digits dropped)."""
-    by: dict[str, float] = {}
-    for tid, (name, ns) in after.items():
-        key = name.rstrip("0123456789")
-        by[key] = by.get(key, 0.0) + (ns - before.get(tid, (name, 0))[1]) / 1e9
-    return {k: v for k, v in sorted(by.items(), key=lambda kv: -kv[1]) if v > 0}
 
 
 def steps_in(parts: list[bytes]) -> int:
@@ -107,7 +100,7 @@ def feed(args: argparse.Namespace, frames: list[list[bytes]], counts: list[int],
             stop_process(spin, 5, group=True)
         side.stop()
     steps = sum(counts[1:])
-    cpu = cpu_by_name(c0, c1)
+    cpu = by_thread_name(c0, c1, side.pid)
     return {
         "sidecar": label, "pace": pace, "group": args.group, "spin": args.spin, "steps": steps,
         "wall_s": t1 - t0, "us_per_step": sum(cpu.values()) / steps * 1e6,

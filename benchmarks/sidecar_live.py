@@ -128,11 +128,12 @@ def os_threads(pid: int) -> dict[int, Thread]:
     return out
 
 
-def by_thread_name(before: dict[int, Thread], after: dict[int, Thread], pid: int,
-                   field: int = 1) -> dict[str, float]:
+def by_thread_name(before: dict[int, tuple[Any, ...]], after: dict[int, tuple[Any, ...]],
+                   pid: int, field: int = 1) -> dict[str, float]:
     """A ``Thread`` field's growth between two ``os_threads`` readings (CPU seconds by
-    default), by thread name (the process's own name, for its Python threads, as
-    "python"); threads that ended meanwhile are missed."""
+    default; or any readings of (name, figure, ...) by thread ID), by thread name (the
+    process's own name, for its Python threads, as "python"); threads that ended meanwhile
+    are missed."""
     main = after.get(pid, before.get(pid, ("", 0.0, 0.0, 0)))[0]
     by: Counter[str] = Counter()
     for tid, now in after.items():

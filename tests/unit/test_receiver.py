@@ -133,7 +133,7 @@ def test_frames_that_arrive_while_the_ingest_thread_waits_are_taken_together(
         last_put = time.monotonic()
         wait("the three taken", lambda: len(taken) == 4)
         assert all(t >= last_put for _, t in taken[1:])  # none was taken on its own
-        assert taken[-1][1] - taken[1][1] < 0.1
+        assert taken[-1][1] - taken[1][1] < 0.5  # one wake-up: a second comes a window later
         rx.queue.put(keyframe_frame(4))
         rx.queue.put(keyframe_frame(5))
         stopped = time.monotonic()
