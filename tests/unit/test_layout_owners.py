@@ -62,8 +62,9 @@ def random_tables(rng: random.Random, n: int, groups: int) -> dict[str, list[lis
     return tables
 
 
+@pytest.mark.parametrize("dense", [True, False], ids=["scatter", "sort"])
 @pytest.mark.parametrize("groups", [1, 2, 3])
-def test_owner_figures_equal_the_table_by_table_reading(groups: int) -> None:
+def test_owner_figures_equal_the_table_by_table_reading(groups: int, dense: bool) -> None:
     rng = random.Random(groups)
     for _ in range(300):
         n = rng.randint(2, 64)  # small pools: many blocks listed by several tables
@@ -73,7 +74,7 @@ def test_owner_figures_equal_the_table_by_table_reading(groups: int) -> None:
         owner = np.full(n, -1, np.int32)
         group = np.full(n, -1 if multi else 0, np.int16)
         blocks, shared, frags, flat, listed = owner_figures(tables, n, owner,
-                                                            group if multi else None)
+                                                            group if multi else None, dense)
         runs = flat.runs()
         assert runs == [flat.runs_of(i) for i in range(len(tables))]
         assert owner.tolist() == want_owner.tolist()
@@ -139,3 +140,13 @@ def test_a_snapshot_equals_the_pass_per_figure_reading(groups: int) -> None:
         assert snap.owners[-1:] == owners[-1:]
         assert (snap.free_blocks, snap.cached_blocks, snap.used_blocks,
                 snap.max_contiguous_free) == (free, cached, used, longest)
+
+
+def test_the_scatter_is_chosen_where_it_was_measured_cheaper() -> None:
+    """benchmarks/README.md, fourteenth pass: 256 running in 32,768 blocks (10,844
+    listings) the scatter; 32 running in 131,072 blocks (1,504) the sort."""
+    from kvscope.layout.owners import dense_is_cheaper
+
+    assert dense_is_cheaper(10_844, 32_768)
+    assert not dense_is_cheaper(1_504, 131_072)
+    assert not dense_is_cheaper(0, 8)
