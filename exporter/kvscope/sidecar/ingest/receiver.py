@@ -33,12 +33,14 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a keyframe of a 1M-block pool fits
 DEFAULT_BUFFER_BYTES = 256 * 1024 * 1024
 TICK_S = 0.1
 TAKE_EVERY_S = 0.25
-"""Once the ingest thread has taken every queued frame, frames wait this long to be taken
-together: each wake-up of an idle thread costs more than the frame it takes (fed one
-engine's frames at its pace with no engine running, 8 frames a wake-up took 127-136 us of
-ingest CPU a step against 201-220 for one, benchmarks/README.md "thirteenth pass"), a
-probe sends a frame every 0.1 s, and with several engines their frames arrive apart.
-What the sidecar shows is at most this much later than the probe's frame."""
+"""Once the socket thread has read every waiting message it lets the next ones gather in
+ZMQ's queue this long, then reads them and hands them to the ingest thread in one go: each
+wake-up of an idle thread costs more than the frame it takes (fed one engine's frames at
+its pace with no engine running, 8 frames a wake-up took 127-136 us of ingest CPU a step
+against 201-220 for one, benchmarks/README.md "thirteenth pass"), a probe sends a frame
+every 0.1 s, and with several engines their frames arrive apart. What the sidecar shows is
+at most this much later than the probe's frame; ZMQ holds at most this long's messages
+(``rcvhwm`` bounds their number), the byte-bounded queue the rest."""
 
 
 def prepare_endpoint(endpoint: str) -> None:
@@ -67,6 +69,21 @@ class FrameQueue:
             self._cond.notify()
         return True
 
+    def put_all(self, batch: list[list[bytes]]) -> int:
+        """``put`` each of ``batch`` in order, waking a waiting reader once; returns how
+        many were refused."""
+        refused = 0
+        with self._cond:
+            for parts in batch:
+                size = sum(len(p) for p in parts)
+                if self.bytes + size > self.max_bytes and self._items:
+                    refused += 1
+                    continue
+                self._items.append((parts, size))
+                self.bytes += size
+            self._cond.notify()
+        return refused
+
     def get(self, timeout_s: float) -> list[bytes] | None:
         with self._cond:
             if not self._items and not self._cond.wait(timeout_s):
@@ -89,6 +106,10 @@ class Receiver(threading.Thread):
         self.endpoints = endpoints
         self.stop_event = threading.Event()
         self.ready = threading.Event()
+        self._reading = threading.Event()
+        """Set while the socket thread may still queue frames: the ingest thread stops
+        once it is clear and the queue is empty."""
+        self._reading.set()
         self.error: BaseException | None = None
         self.queue = FrameQueue(buffer_bytes)
         self.received = 0
@@ -138,15 +159,21 @@ class Receiver(threading.Thread):
         self.ready.set()
         try:
             while not self.stop_event.is_set():
+                read = 0
                 for sock, _ in poller.poll(100):
                     if sock in readers:
-                        self._read(sock)
+                        read += self._read(sock)
                     elif self.gate is not None:
                         self.gate.handle(sock)
+                if read:  # the next messages gather in ZMQ's queue meanwhile
+                    self.stop_event.wait(TAKE_EVERY_S)  # at once when stopping
+            for sock in readers:  # what arrived while stopping is ingested too
+                self._read(sock)
         except Exception as exc:  # noqa: BLE001 - surfaced through /healthz
             self.error = exc
             log.exception("receiver stopped")
         finally:
+            self._reading.clear()
             for s in self._socks.values():
                 s.close(0)
             if self.gate:
@@ -154,32 +181,32 @@ class Receiver(threading.Thread):
             self._ingest.join(5.0)
             self._ctx.term()
 
-    def _read(self, sock: zmq.Socket[Any]) -> None:
+    def _read(self, sock: zmq.Socket[Any]) -> int:
+        """Every message waiting on ``sock`` (at most 1000) into the queue at once; how
+        many were read."""
+        batch: list[list[bytes]] = []
         for _ in range(1000):
             try:
-                parts = sock.recv_multipart(flags=zmq.NOBLOCK)
+                batch.append(sock.recv_multipart(flags=zmq.NOBLOCK))
             except zmq.Again:
-                return
-            self.received += 1
-            if not self.queue.put(parts):
+                break
+        if batch:
+            self.received += len(batch)
+            for _ in range(self.queue.put_all(batch)):
                 self.hub.refuse("buffer_full", f"ingest queue holds {self.queue.bytes} bytes")
+        return len(batch)
 
     def _ingest_loop(self) -> None:
         name_os_thread()
         try:
             next_tick = time.monotonic()
-            took = False
-            while not self.stop_event.is_set() or len(self.queue):
+            while self._reading.is_set() or len(self.queue):
                 if time.monotonic() >= next_tick:
                     self.hub.tick()
                     next_tick = time.monotonic() + TICK_S
-                parts = self.queue.get(0.0 if took else TICK_S)
+                parts = self.queue.get(TICK_S)  # the socket thread hands frames in batches
                 if parts is not None:
                     self.hub.accept(parts)
-                    took = True
-                elif took:  # every queued frame taken: the next ones gather meanwhile
-                    took = False
-                    self.stop_event.wait(TAKE_EVERY_S)  # at once when stopping
         except Exception as exc:  # noqa: BLE001 - surfaced through /healthz
             self.error = exc
             log.exception("ingest stopped")
