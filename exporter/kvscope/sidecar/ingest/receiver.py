@@ -152,12 +152,12 @@ class Receiver(threading.Thread):
     def run(self) -> None:
         name_os_thread()
         self._ingest.start()
-        poller = zmq.Poller()
-        readers = list(self._socks.values())
-        for s in readers + (self.gate.sockets() if self.gate else []):
-            poller.register(s, zmq.POLLIN)
-        self.ready.set()
-        try:
+        try:  # whatever happens, the ingest thread ends once the queue is drained
+            poller = zmq.Poller()
+            readers = list(self._socks.values())
+            for s in readers + (self.gate.sockets() if self.gate else []):
+                poller.register(s, zmq.POLLIN)
+            self.ready.set()
             while not self.stop_event.is_set():
                 read = 0
                 for sock, _ in poller.poll(100):
