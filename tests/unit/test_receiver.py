@@ -72,6 +72,10 @@ def test_a_stalled_hub_costs_bounded_memory_and_every_frame_is_counted(tmp_path:
     ep = f"ipc://{tmp_path}/probe.sock"
     limit = 1 << 20
     rx = Receiver(hub, [ep], buffer_bytes=limit)
+    batches: list[int] = []  # bytes handed to the queue in one go
+    put_all = rx.queue.put_all
+    rx.queue.put_all = lambda batch: (  # type: ignore[method-assign]
+        batches.append(sum(len(p) for parts in batch for p in parts)) or put_all(batch))
     rx.bind()
     rx.start()
     push = zmq.Context.instance().socket(zmq.PUSH)
@@ -92,6 +96,10 @@ def test_a_stalled_hub_costs_bounded_memory_and_every_frame_is_counted(tmp_path:
         push.close(0)
         rx.stop()
     assert peak <= limit
+    # what was read in one go was handed over a MiB or so at a time, not held whole
+    biggest = max(len(p) for p in keyframe_frame(0, 100_000))
+    assert sum(batches) > 4 * receiver_module.BATCH_BYTES
+    assert max(batches) < receiver_module.BATCH_BYTES + biggest
     assert hub.rejected["buffer_full"] > 0 and hub.frames > 0
     print(f"stalled hub: {sent} frames sent, {hub.frames} ingested, "
           f"{hub.rejected['buffer_full']} refused as buffer_full, peak queue {peak} bytes "

@@ -32,6 +32,8 @@ log = logging.getLogger("kvscope.sidecar")
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a keyframe of a 1M-block pool fits
 DEFAULT_BUFFER_BYTES = 256 * 1024 * 1024
 TICK_S = 0.1
+BATCH_BYTES = 1 << 20
+"""Messages read in one go are handed to the queue once they hold this much."""
 TAKE_EVERY_S = 0.25
 """Once the socket thread has read every waiting message it lets the next ones gather in
 ZMQ's queue this long, then reads them and hands them to the ingest thread in one go: each
@@ -60,14 +62,9 @@ class FrameQueue:
         self._cond = threading.Condition()
 
     def put(self, parts: list[bytes]) -> bool:
-        size = sum(len(p) for p in parts)
-        with self._cond:
-            if self.bytes + size > self.max_bytes and self._items:
-                return False
-            self._items.append((parts, size))
-            self.bytes += size
-            self._cond.notify()
-        return True
+        """Queue one message; False when it does not fit (one larger than the bound
+        still passes, alone)."""
+        return not self.put_all([parts])
 
     def put_all(self, batch: list[list[bytes]]) -> int:
         """``put`` each of ``batch`` in order, waking a waiting reader once; returns how
@@ -182,14 +179,24 @@ class Receiver(threading.Thread):
             self._ctx.term()
 
     def _read(self, sock: zmq.Socket[Any]) -> int:
-        """Every message waiting on ``sock`` (at most 1000) into the queue at once; how
-        many were read."""
+        """Every message waiting on ``sock`` (at most 1000) into the queue, a batch at a
+        time (at most ``BATCH_BYTES`` held outside the bounded queue); how many were
+        read."""
         batch: list[list[bytes]] = []
+        held = read = 0
         for _ in range(1000):
             try:
-                batch.append(sock.recv_multipart(flags=zmq.NOBLOCK))
+                parts = sock.recv_multipart(flags=zmq.NOBLOCK)
             except zmq.Again:
                 break
+            batch.append(parts)
+            held += sum(len(p) for p in parts)
+            if held >= BATCH_BYTES:
+                read += self._queue(batch)
+                batch, held = [], 0
+        return read + self._queue(batch)
+
+    def _queue(self, batch: list[list[bytes]]) -> int:
         if batch:
             self.received += len(batch)
             for _ in range(self.queue.put_all(batch)):
