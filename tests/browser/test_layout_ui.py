@@ -35,9 +35,9 @@ def expected_color(layout: dict[str, Any], state: int, owner: int) -> str:
     return palette.owner_color(layout["owners"][owner]["req_id"])
 
 
-def open_ui(page: Any, url: str, wait_s: float = 2.0) -> float:
+def open_ui(page: Any, url: str, wait_s: float = 30.0) -> float:
     """Load the page; seconds until its first heatmap is drawn (waiting ``wait_s`` at most
-    for the draw once the page has loaded)."""
+    for the draw once the page has loaded: a loaded CI machine took 2.9 s)."""
     t0 = time.monotonic()
     page.goto(url)
     page.wait_for_function("window.kvscope && window.kvscope.draws > 0",
@@ -68,7 +68,18 @@ def pick_blocks(states: np.ndarray, owners: np.ndarray) -> list[int]:
 def test_heatmap_pixels_match_the_api_and_hover_names_the_owner(serve: Any, page: Any) -> None:
     srv = serve(None)
     elapsed = open_ui(page, f"{srv.url}/ui")
-    assert elapsed < 2.0
+    # The page draws as soon as it can: its first fetch of the layout starts while the
+    # page itself loads (no timer before it), and the first draw is that fetch's answer
+    # (no second round trip). Both read from the page's own clock; its wall time is
+    # printed, not asserted (a loaded CI machine took 2.9 s, an idle one ~0.3 s).
+    fetches, loaded = page.evaluate("""() => [
+        performance.getEntriesByType("resource")
+            .filter((e) => e.name.includes("/api/layout")
+                           && e.startTime < window.kvscope.firstDrawAt)
+            .map((e) => e.startTime),
+        performance.getEntriesByType("navigation")[0].domContentLoadedEventEnd]""")
+    assert len(fetches) == 1 and fetches[0] <= loaded
+    print(f"first heatmap drawn {elapsed:.2f} s after navigating")
 
     assert page.evaluate("window.kvscope.palette") == {
         **palette.STATE_COLORS, "unowned": palette.UNOWNED, "owners": list(palette.OWNER_PALETTE)}
