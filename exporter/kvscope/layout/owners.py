@@ -66,7 +66,7 @@ def first_listings(v: np.ndarray, n: int, dense: bool | None = None
     """For block IDs ``v`` (each in ``[0, n)``) listed in this order: the distinct IDs,
     sorted; the index in ``v`` of each one's first listing; and for each listing, the
     index of its block's first listing."""
-    if dense if dense is not None else dense_is_cheaper(v.size, n):
+    if (dense_is_cheaper(v.size, n) if dense is None else dense):
         first_at = np.full(n, v.size, np.int32)  # per block of the pool; v.size: unlisted
         np.minimum.at(first_at, v, np.arange(v.size, dtype=np.int32))
         blocks = np.flatnonzero(first_at < v.size)
@@ -79,7 +79,7 @@ def last_listings(v: np.ndarray, n: int, blocks: np.ndarray, dense: bool | None 
                   ) -> np.ndarray:
     """The index in ``v`` of the last listing of each of ``blocks`` (``v``'s distinct IDs,
     sorted, as ``first_listings`` gives them)."""
-    if dense if dense is not None else dense_is_cheaper(v.size, n):
+    if (dense_is_cheaper(v.size, n) if dense is None else dense):
         last_at = np.full(n, -1, np.int32)
         np.maximum.at(last_at, v, np.arange(v.size, dtype=np.int32))
         return last_at[blocks]
