@@ -58,12 +58,12 @@ def tcp_receiver() -> Iterator[tuple[Receiver, Hub, str]]:
 
 def test_the_queue_holds_at_most_its_bytes() -> None:
     q = FrameQueue(max_bytes=100)
-    assert q.put([b"x" * 60]) and not q.put([b"y" * 60]) and q.put([b"z" * 40])
+    assert q.put_all([[b"x" * 60], [b"y" * 60], [b"z" * 40]]) == 1  # y does not fit
     assert q.bytes == 100 and len(q) == 2
     assert q.get(0.1) == [b"x" * 60] and q.bytes == 40
-    assert q.put([b"w" * 500]) is False
+    assert q.put_all([[b"w" * 500]]) == 1
     q.get(0.1)
-    assert q.put([b"w" * 500])  # one frame larger than the bound still passes, alone
+    assert q.put_all([[b"w" * 500]]) == 0  # one frame larger than the bound still passes, alone
     assert q.get(0.01) == [b"w" * 500] and q.get(0.01) is None
 
 

@@ -61,14 +61,10 @@ class FrameQueue:
         self._items: deque[tuple[list[bytes], int]] = deque()
         self._cond = threading.Condition()
 
-    def put(self, parts: list[bytes]) -> bool:
-        """Queue one message; False when it does not fit (one larger than the bound
-        still passes, alone)."""
-        return not self.put_all([parts])
-
     def put_all(self, batch: list[list[bytes]]) -> int:
-        """``put`` each of ``batch`` in order, waking a waiting reader once; returns how
-        many were refused."""
+        """Queue each message of ``batch`` in order, waking a waiting reader once; returns
+        how many were refused because they did not fit (one larger than the bound still
+        passes, alone)."""
         refused = 0
         with self._cond:
             for parts in batch:
