@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 import threading
 from typing import Any
@@ -18,6 +17,7 @@ from kvscope.layout.history import clickhouse_history, layout_rows, to_row
 from kvscope.layout.sampler import LayoutSampler
 from kvscope.layout.store_cadence import StoreCadence
 from kvscope.rows import RequestTrace
+from kvscope.sidecar import cyclic_gc
 from kvscope.sidecar.config import ServeConfig
 from kvscope.sidecar.exposition.gpu import GpuReader
 from kvscope.sidecar.exposition.metrics import KVScopeCollector
@@ -116,11 +116,9 @@ class Sidecar:
 
     def run(self) -> None:
         """Bind and serve until SIGINT / SIGTERM (uvicorn handles both)."""
-        # What start-up built (imported modules, pyarrow's pandas, the store's client) leaves
-        # the cyclic collector's view: a full collection while engines stream then scans
-        # only what ingestion keeps (measured live at 256 running: 67 ms -> 15 ms each).
-        gc.collect()
-        gc.freeze()
+        # What start-up built leaves the cyclic collector's view, and a frame's burst of
+        # lists no longer sets it off (kvscope.sidecar.cyclic_gc).
+        cyclic_gc.tune()
         self._start_workers()
         log.info("kvscope sidecar on %s://%s:%d/metrics", "https" if self.cfg.tls_cert else "http",
                  self.cfg.host, self.cfg.port)
