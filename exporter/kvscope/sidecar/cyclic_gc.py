@@ -5,7 +5,7 @@ lists, the rows on their way to the store. The cyclic collector runs on allocati
 all the same, and with CPython's default thresholds (700, 10, 10) it ran once every ~13
 engine steps at 256 running (a frame of ~23 steps decodes to ~1,600 tracked lists and
 tuples at once, 2,312 at most in the recording), each collection walking whatever was
-young then, every tenth one the older objects too: 11-14 µs of every ~100 µs ingested step
+young then, every tenth one the older objects too: 10-14 µs of every ~100 µs ingested step
 in a replay of that recording (benchmarks/README.md, issue 25).
 
 ``tune()`` freezes what start-up built (imported modules, pyarrow's pandas, the store's
