@@ -247,6 +247,61 @@ def test_only_a_holder_of_the_secret_gets_frames_in(
     good.close(0)
 
 
+def test_probes_that_connect_together_are_let_in_together_while_others_stream(
+        tcp_receiver: tuple[Receiver, Hub, str]) -> None:
+    """Engines often start together (a data-parallel server, a restarted host). A probe
+    waits 1 s for its connection, then drops what it cannot send; the socket thread answered
+    one ZAP request per wake-up and, while frames flowed, rested TAKE_EVERY_S after each,
+    so the eighth of eight probes waited ~2 s (test_many_engines lost records under load)."""
+    rx, hub, ep = tcp_receiver
+    assert rx.gate is not None
+    windows = [0]  # the socket thread's rests after reading (TAKE_EVERY_S each)
+    wait_for = rx.stop_event.wait
+
+    def counted(timeout: float | None = None) -> bool:
+        windows[0] += timeout == receiver_module.TAKE_EVERY_S
+        return wait_for(timeout)
+
+    rx.stop_event.wait = counted  # type: ignore[method-assign]
+    streaming = transport.push_socket(ep, hwm=1000, secret=SECRET)
+    assert transport.await_connection(streaming)
+    h = hello(server="stream:1")
+    first = wire.Frame(engine="0", session="s1", first_seq=0, dropped=0, faults=0,
+                       records=[h])
+    assert transport.send(streaming, wire.encode(first), 2000)
+    stop = False
+
+    def stream() -> None:  # a frame every 20 ms: the socket thread reads, then rests
+        seq = 1
+        while not stop:
+            f = wire.Frame(engine="0", session="s1", first_seq=seq, dropped=0, faults=0,
+                           records=[step()])
+            transport.send(streaming, wire.encode(f), 200)
+            seq += 1
+            time.sleep(0.02)
+
+    import threading
+    sender = threading.Thread(target=stream, daemon=True)
+    sender.start()
+    try:
+        wait("the socket thread resting between reads", lambda: windows[0] >= 2)
+        k = 8
+        at = windows[0]
+        probes = [transport.push_socket(ep, hwm=100, secret=SECRET) for _ in range(k)]
+        wait(f"{k} more probes let in", lambda: rx.gate.accepted == k + 1, 30)
+        taken = windows[0] - at
+        for p in probes:
+            p.close(0)
+    finally:
+        stop = True
+        sender.join(5)
+        streaming.close(0)
+    # Their handshakes arrive within milliseconds: answered in one wake-up (two if they
+    # straddle one), not one wake-up, and one rest, each.
+    print(f"{k} probes let in over {taken} rests of {receiver_module.TAKE_EVERY_S} s")
+    assert taken <= 3, f"{k} probes took {taken} rests of {receiver_module.TAKE_EVERY_S} s"
+
+
 def test_the_probe_side_refuses_tcp_without_a_secret() -> None:
     with pytest.raises(transport.TransportError, match="KVSCOPE_PROBE_SECRET"):
         transport.push_socket("tcp://127.0.0.1:1", hwm=1, env={})

@@ -68,11 +68,15 @@ class CurveGate:
         return [s for s in (self.zap, self.monitor) if s is not None]
 
     def handle(self, sock: zmq.Socket[Any]) -> None:
-        """Answer the ZAP request or read the handshake event waiting on ``sock``."""
-        if sock is self.zap:
-            self._zap()
-        else:
-            self._event()
+        """Answer every ZAP request, or read every handshake event, waiting on ``sock``:
+        probes often connect together (engines that start together), and the receiver's
+        socket thread rests between wake-ups while frames flow (``TAKE_EVERY_S``), so one
+        request a wake-up kept the last of eight probes out ~2 s, past the 1 s a probe
+        waits before it drops what it cannot send."""
+        one = self._zap if sock is self.zap else self._event
+        one()
+        while sock.poll(0, zmq.POLLIN):
+            one()
 
     def _zap(self) -> None:
         req = self.zap.recv_multipart()
