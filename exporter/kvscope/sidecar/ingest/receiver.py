@@ -42,7 +42,9 @@ its pace with no engine running, 8 frames a wake-up took 127-136 us of ingest CP
 against 201-220 for one, benchmarks/README.md "thirteenth pass"), a probe sends a frame
 every 0.1 s, and with several engines their frames arrive apart. What the sidecar shows is
 at most this much later than the probe's frame; ZMQ holds at most this long's messages
-(``rcvhwm`` bounds their number), the byte-bounded queue the rest."""
+(``rcvhwm`` bounds their number), the byte-bounded queue the rest. A probe connecting over
+tcp waits at most this long for its CURVE authentication: each wake-up answers every ZAP
+request waiting (``CurveGate.handle``)."""
 
 
 def prepare_endpoint(endpoint: str) -> None:
