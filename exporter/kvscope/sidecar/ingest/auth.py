@@ -37,6 +37,8 @@ log = logging.getLogger("kvscope.sidecar")
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 REASONS = ("auth", "crypto", "mechanism", "protocol")
 HANDSHAKE_MS = 3000
+AT_ONCE = 64
+"""ZAP requests (or handshake events) answered in one wake-up of the socket thread."""
 _FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
            | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 
@@ -72,10 +74,13 @@ class CurveGate:
         probes often connect together (engines that start together), and the receiver's
         socket thread rests between wake-ups while frames flow (``TAKE_EVERY_S``), so one
         request a wake-up kept the last of eight probes out ~2 s, past the 1 s a probe
-        waits before it drops what it cannot send."""
+        waits before it drops what it cannot send. At most ``AT_ONCE`` a wake-up, so that
+        peers that keep connecting cannot hold the thread from the frames."""
         one = self._zap if sock is self.zap else self._event
         one()
-        while sock.poll(0, zmq.POLLIN):
+        for _ in range(AT_ONCE - 1):
+            if not sock.poll(0, zmq.POLLIN):
+                break
             one()
 
     def _zap(self) -> None:
