@@ -43,8 +43,8 @@ against 201-220 for one, benchmarks/README.md "thirteenth pass"), a probe sends 
 every 0.1 s, and with several engines their frames arrive apart. What the sidecar shows is
 at most this much later than the probe's frame; ZMQ holds at most this long's messages
 (``rcvhwm`` bounds their number), the byte-bounded queue the rest. A probe connecting over
-tcp waits at most this long for its CURVE authentication: each wake-up answers every ZAP
-request waiting (``CurveGate.handle``)."""
+tcp waits at most this long for its CURVE authentication: each wake-up answers the ZAP
+requests waiting, up to 64 (``CurveGate.handle``)."""
 
 
 def prepare_endpoint(endpoint: str) -> None:
