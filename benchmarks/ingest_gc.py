@@ -98,7 +98,7 @@ def main() -> None:
     if len(sys.argv) == 5 and sys.argv[1] == "--child":
         print(json.dumps(child(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))))
         return
-    from ingest_instructions import prefixes, record
+    from ingest_instructions import prefixes, recording
 
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -114,11 +114,8 @@ def main() -> None:
     args = p.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="kvscope-ingest-gc-"))
     out.mkdir(parents=True, exist_ok=True)
-    path = args.frames or out / "frames.msgpack"
-    if args.frames is None:
-        rec = argparse.Namespace(pool=0, preempt=False, running=args.running, warm=50,
-                                 steps=args.steps, interval=0.0)
-        print(f"recording {record(rec, path)} frames to {path}", file=sys.stderr)
+    path = recording(args.frames, out, argparse.Namespace(
+        pool=0, preempt=False, running=args.running, warm=50, steps=args.steps, interval=0.0))
     short, long = prefixes(path, args.short_steps, args.long_steps)
     results = []
     print("threshold  us/step  collections by generation (us/step)         instructions/step")

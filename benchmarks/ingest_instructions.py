@@ -183,6 +183,16 @@ def replay_floor(frames: list[list[bytes]], keep: bool) -> dict[str, Any]:
     return {"steps": steps, "rows": 0, "synced": True, "mismatches": 0, "rejected": 0}
 
 
+def recording(frames: Path | None, out: Path, args: argparse.Namespace) -> Path:
+    """``frames``, or a new recording in ``out`` of the engine ``args`` describe (``pool``,
+    ``preempt``, ``running``, ``warm``, ``steps``, ``interval``)."""
+    if frames is not None:
+        return frames
+    path = out / "frames.msgpack"
+    print(f"recording {record(args, path)} frames to {path}", file=sys.stderr)
+    return path
+
+
 def prefixes(path: Path, short_steps: int, long_steps: int) -> tuple[int, int]:
     """The fewest leading frames holding ``short_steps`` steps, and ``long_steps``."""
     from kvscope_probe import wire
@@ -299,9 +309,7 @@ def main() -> None:
     args = p.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="kvscope-ingest-instr-"))
     out.mkdir(parents=True, exist_ok=True)
-    path = args.frames or out / "frames.msgpack"
-    if args.frames is None:
-        print(f"recording {record(args, path)} frames to {path}", file=sys.stderr)
+    path = recording(args.frames, out, args)
     cut = prefixes(path, args.short_steps, args.long_steps)
     rows = []
     for checkout in (ROOT, *args.against):

@@ -9,12 +9,7 @@ of any table. Run in a fresh interpreter: this one has imported everything alrea
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.fresh import last_json_line
 
 PROBE = r"""
 import json, sys
@@ -41,11 +36,7 @@ print(json.dumps({"warmed": warmed, "late": sorted(set(sys.modules) - before),
 
 
 def test_a_real_batch_of_every_table_imports_nothing_after_warm() -> None:
-    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
-                         timeout=120, cwd=ROOT,
-                         env={"PYTHONPATH": f"{ROOT / 'exporter'}", "PATH": "/usr/bin:/bin"})
-    assert out.returncode == 0, out.stderr[-2000:]
-    got = json.loads(out.stdout.splitlines()[-1])
+    got = last_json_line(PROBE)
     assert got["warmed"] > 0  # the imports happened at warm()
     assert got["late"] == []
     assert all(n > 0 for n in got["sizes"].values()) and len(got["sizes"]) >= 8
@@ -62,8 +53,4 @@ sink.close(0.5)
 
 
 def test_the_clickhouse_sink_warms_its_encoder_as_it_starts() -> None:
-    out = subprocess.run([sys.executable, "-c", SINK], capture_output=True, text=True,
-                         timeout=120, cwd=ROOT,
-                         env={"PYTHONPATH": f"{ROOT / 'exporter'}", "PATH": "/usr/bin:/bin"})
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert json.loads(out.stdout.splitlines()[-1]) == {"pandas_at_start": True}
+    assert last_json_line(SINK) == {"pandas_at_start": True}

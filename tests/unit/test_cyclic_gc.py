@@ -9,12 +9,7 @@ the process's collector, and this one's must stay as pytest set it.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.fresh import last_json_line
 
 PROBE = r"""
 import gc, json, sys
@@ -57,11 +52,7 @@ print(json.dumps({"default": default, "tuned": tuned, "threshold": gc.get_thresh
 
 
 def test_a_decoded_frame_is_freed_before_any_collection_once_tuned() -> None:
-    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
-                         timeout=120, cwd=ROOT,
-                         env={"PYTHONPATH": f"{ROOT / 'exporter'}", "PATH": "/usr/bin:/bin"})
-    assert out.returncode == 0, out.stderr[-2000:]
-    got = json.loads(out.stdout.splitlines()[-1])
+    got = last_json_line(PROBE)
     collections, held = got["tuned"]
     assert held > 1500  # the frame is the burst the module is about (counted uncollected)...
     assert got["default"][0] >= 20  # ... CPython's default collects in each of the 20...
