@@ -3,8 +3,8 @@ set it off (``kvscope.sidecar.cyclic_gc``).
 
 A frame of ~23 decoding steps at 256 running decodes to ~1,600 tracked lists and tuples,
 freed by reference counting once ingested. With CPython's default thresholds each such
-frame ran a young collection or more; tuned, none. Run in a fresh interpreter: ``tune()`` changes
-the process's collector, and this one's must stay as pytest set it.
+frame ran a young collection or more; tuned, none. Run in a fresh interpreter: ``tune()``
+changes the process's collector, and this one's must stay as pytest set it.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ import contextlib
 import os
 import socket
 import stat
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -269,18 +270,16 @@ def test_probes_that_connect_together_are_let_in_together_while_others_stream(
     first = wire.Frame(engine="0", session="s1", first_seq=0, dropped=0, faults=0,
                        records=[h])
     assert transport.send(streaming, wire.encode(first), 2000)
-    stop = False
+    stop = threading.Event()
 
     def stream() -> None:  # a frame every 20 ms: the socket thread reads, then rests
         seq = 1
-        while not stop:
+        while not stop.wait(0.02):
             f = wire.Frame(engine="0", session="s1", first_seq=seq, dropped=0, faults=0,
                            records=[step()])
             transport.send(streaming, wire.encode(f), 200)
             seq += 1
-            time.sleep(0.02)
 
-    import threading
     sender = threading.Thread(target=stream, daemon=True)
     sender.start()
     try:
@@ -293,7 +292,7 @@ def test_probes_that_connect_together_are_let_in_together_while_others_stream(
         for p in probes:
             p.close(0)
     finally:
-        stop = True
+        stop.set()
         sender.join(5)
         streaming.close(0)
     # Their handshakes arrive within milliseconds (spread over a few rests when the
