@@ -1,6 +1,7 @@
 """Layer 2, ClickHouse: the schema (``clickhouse/schema/*.sql``, applied by ``schema``), the
 sink that writes the rows of ``kvscope.rows`` (``sink``, encoded by ``arrow``, through
-``kvscope.sinks.delivery``) and the saved queries (``clickhouse/queries``, run by ``query``).
+``kvscope.sinks.delivery``) and the saved queries (``clickhouse/queries``, run by ``query``),
+both connecting through ``embedded`` (which opens the embedded chDB store with its options).
 
 It may import ``kvscope.rows``, ``kvscope.sinks`` and the shared helpers; not the state,
 the sidecar or anything above."""

@@ -21,7 +21,7 @@ from datetime import date, datetime
 from typing import Any
 
 from kvscope.settings import BY_NAME, env_store_dsn
-from kvscope.store import schema
+from kvscope.store import embedded, schema
 
 ENV_DSN = BY_NAME["clickhouse_dsn"].env
 ENV_DATA_DIR = BY_NAME["data_dir"].env
@@ -180,11 +180,9 @@ def _pair(text: str) -> tuple[str, str]:
 
 
 def _connect(target: Any, database: str) -> Any:
-    import clickhouse_connect
-
     if target.chdb_path and not os.path.isdir(target.chdb_path):
         raise FileNotFoundError(f"no chDB store at {target.chdb_path}")
-    return clickhouse_connect.get_client(dsn=target.dsn, database=database)
+    return embedded.connect(target.dsn, bool(target.chdb_path), database=database)
 
 
 def _explain(exc: BaseException, target: Any) -> str:

@@ -25,7 +25,7 @@ from kvscope.sinks.base import BatchRejected, SinkStats
 from kvscope.sinks.delivery import Delivery
 from kvscope.sinks.options import DeliveryOptions
 from kvscope.sinks.spool import Spool, SpooledBatch
-from kvscope.store import SINK_NAME, arrow, schema
+from kvscope.store import SINK_NAME, arrow, embedded, schema
 
 SCHEMA_CODES = {16, 60, 81}
 """NO_SUCH_COLUMN_IN_TABLE, UNKNOWN_TABLE, UNKNOWN_DATABASE: apply the DDL again."""
@@ -150,14 +150,11 @@ class ClickHouseSink:
 
     # -- the store -----------------------------------------------------------------------
     def _default_connect(self) -> Any:
-        import clickhouse_connect
-
         if self.target.chdb_path:
             os.makedirs(self.target.chdb_path, exist_ok=True)
-            return clickhouse_connect.get_client(dsn=self.target.dsn)
-        return clickhouse_connect.get_client(dsn=self.target.dsn, connect_timeout=5,
-                                             send_receive_timeout=60,
-                                             autogenerate_session_id=False)
+            return embedded.connect(self.target.dsn, True)
+        return embedded.connect(self.target.dsn, False, connect_timeout=5,
+                                send_receive_timeout=60, autogenerate_session_id=False)
 
     def client(self) -> Any:
         """A connected client with the schema applied (connects on first use)."""
@@ -175,10 +172,9 @@ class ClickHouseSink:
     def reader(self) -> Any:
         """A new client on the store's database for reading (the caller closes it); the
         writer's client stays the sink's own."""
-        import clickhouse_connect
-
         self.client()  # the schema is applied first
-        return clickhouse_connect.get_client(dsn=self.target.dsn, database=self.database)
+        return embedded.connect(self.target.dsn, bool(self.target.chdb_path),
+                                database=self.database)
 
     def fresh(self) -> None:
         """Deliver the rows taken so far before a read through the sidecar's API (waiting

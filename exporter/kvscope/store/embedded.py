@@ -1,0 +1,33 @@
+"""Connecting to the store, and how the embedded one (chDB, ``chdb:///path``) is opened.
+
+chDB runs ClickHouse's background threads inside the sidecar, with a server's defaults for
+a server's workload. Two of them woke the sidecar for nothing most of the time
+(benchmarks/README.md, "sixteenth pass"): the memory worker, which re-reads the process's
+resident memory for the memory tracker 20 times a second (~2.5 ms of CPU a second, idle or
+not), and each table's merge assignee, which polls again 0.1 s after finding nothing to
+merge, backing off by x1.1 (eight tables, reset by every insert). ``EMBEDDED_OPTIONS``
+slows both; an insert still wakes its table's assignee at once, so merges and TTL drops
+are not delayed by them. Options apply when a process first opens a chDB path: later
+connections share that engine as it was opened (the sidecar's writer opens it first).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+EMBEDDED_OPTIONS: dict[str, int] = {
+    "memory_worker_period_ms": 1000,
+    "background_processing_pool_thread_sleep_seconds_if_nothing_to_do": 1,
+    "background_processing_pool_task_sleep_seconds_when_no_work_multiplier": 2,
+}
+"""chDB engine options (ClickHouse server configuration keys) the embedded store opens with."""
+
+
+def connect(dsn: str, embedded: bool, **kwargs: Any) -> Any:
+    """A clickhouse-connect client for ``dsn``; an embedded store opened with
+    ``EMBEDDED_OPTIONS``."""
+    import clickhouse_connect
+
+    if embedded:
+        return clickhouse_connect.get_client(dsn=dsn, chdb_options=EMBEDDED_OPTIONS, **kwargs)
+    return clickhouse_connect.get_client(dsn=dsn, **kwargs)
