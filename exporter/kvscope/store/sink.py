@@ -220,6 +220,8 @@ class ClickHouseSink:
         settings: dict[str, Any] = {"insert_deduplication_token": batch.token}
         if self.cluster:
             settings["distributed_foreground_insert"] = 1  # acknowledged = on the shards
+        if self.target.chdb_path:
+            settings.update(embedded.INSERT_SETTINGS)
         try:
             self.client().raw_insert(f"{self.database}.{batch.table}",
                                      arrow.column_names(payload), payload,
