@@ -1,0 +1,161 @@
+"""The embedded store's CPU by thread, busy and idle, with and without kvscope's chDB options.
+
+    python benchmarks/store_background.py [--frames FILE | --running 256 --steps 6000]
+        [--busy-s 30] [--idle-s 30] [--rounds 2] [--out DIR]
+
+One engine's recorded frames (``ingest_instructions``'s recording, or ``--frames``) are
+replayed through the ``Hub`` and the request tracker once, their rows kept by table. Each
+child process then opens a real ``ClickHouseSink`` on a fresh chDB directory as
+``kvscope serve`` does (write-ahead spool, 5 s batches) and hands it those rows at the
+recording's step rate (``--rate``, 281 steps a second: what one engine at 256 running
+steps live here) for ``--busy-s``, then nothing for ``--idle-s``. Per window: the CPU of
+every thread of the process by name (``/proc/self/task/*/schedstat``, nanoseconds) and
+how often each woke (its voluntary context switches), in ms of CPU and wake-ups a second.
+Variants, alternated over ``--rounds``: ``embedded`` opens chDB with
+``kvscope.store.embedded.EMBEDDED_OPTIONS`` and inserts with its ``INSERT_SETTINGS`` (as
+the sidecar does), ``default`` with neither.
+A report, never an assertion.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+
+def threads() -> dict[str, tuple[str, int, int]]:
+    """Each thread of this process: its name, CPU ns and voluntary context switches."""
+    out = {}
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/self/task/{task}/schedstat") as f:
+                ns = int(f.read().split()[0])
+            with open(f"/proc/self/task/{task}/status") as f:
+                woke = next(int(line.split()[1]) for line in f
+                            if line.startswith("voluntary_ctxt_switches:"))
+        except (OSError, StopIteration):
+            continue  # a thread that ended
+        out[task] = (name, ns, woke)
+    return out
+
+
+def window(before: dict[str, tuple[str, int, int]], seconds: float) -> dict[str, Any]:
+    after = threads()
+    cpu: collections.Counter[str] = collections.Counter()
+    woke: collections.Counter[str] = collections.Counter()
+    for task, (name, ns, w) in after.items():
+        _, ns0, w0 = before.get(task, (name, 0, 0))
+        cpu[name] += ns - ns0
+        woke[name] += w - w0
+    return {"ms_per_s": sum(cpu.values()) / 1e6 / seconds,
+            "by_thread": {n: [round(v / 1e6 / seconds, 3), round(woke[n] / seconds, 1)]
+                          for n, v in cpu.most_common()}}
+
+
+def rows_of(path: Path) -> tuple[list[Any], int]:
+    import msgspec
+    from ingest_instructions import _StepClock
+
+    import kvscope.state.engine as engine_module
+    from kvscope.state.hub import Hub
+    from kvscope.state.requests import RequestTracker
+
+    frames = msgspec.msgpack.decode(path.read_bytes(), type=list[list[bytes]])
+    rows: list[Any] = []
+    hub = Hub(health_timeout_s=1e9)
+    engine_module.time = _StepClock(hub)  # type: ignore[assignment]
+    hub.listeners.append(RequestTracker(rows.append).on_event)
+    for parts in frames:
+        hub.accept(parts)
+    return rows, next(iter(hub.engines.values())).counters.steps
+
+
+def child(path: Path, variant: str, busy_s: float, idle_s: float, rate: float) -> dict[str, Any]:
+    import kvscope.store.embedded as embedded
+    from kvscope.rows import table_of
+    from kvscope.store.sink import ClickHouseSink
+
+    if variant == "default":  # chDB as clickhouse-connect opens it, inserts as sent
+        embedded.EMBEDDED_OPTIONS = {}
+        embedded.INSERT_SETTINGS = {}
+    rows, steps = rows_of(path)
+    per_s = len(rows) / steps * rate
+    home = Path(tempfile.mkdtemp(prefix="kvscope-store-bg-"))
+    sink = ClickHouseSink(f"chdb://{home / 'chdb'}", spool_dir=str(home / "spool"))
+    sink.client()  # opened and the schema applied, as kvscope serve does at start
+    time.sleep(1.0)
+    out: dict[str, Any] = {"variant": variant, "rows_per_s": per_s}
+    before, t0, sent = threads(), time.monotonic(), 0
+    while (now := time.monotonic() - t0) < busy_s:
+        for i in range(sent, int(now * per_s)):  # the recording again once it ends
+            row = rows[i % len(rows)]
+            sink.write(table_of(row), row)
+            sent = i + 1
+        time.sleep(0.1)
+    out["busy"] = window(before, time.monotonic() - t0)
+    out["busy"]["rows"] = sink.stats().rows_written
+    sink.flush(10.0)
+    before, t0 = threads(), time.monotonic()
+    time.sleep(idle_s)
+    out["idle"] = window(before, time.monotonic() - t0)
+    sink.close(10.0)
+    return out
+
+
+def main() -> None:
+    if len(sys.argv) == 7 and sys.argv[1] == "--child":
+        sys.path.insert(0, str(HERE))
+        print(json.dumps(child(Path(sys.argv[2]), sys.argv[3], float(sys.argv[4]),
+                               float(sys.argv[5]), float(sys.argv[6]))))
+        return
+    from ingest_instructions import child_env, recording
+
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--frames", type=Path, default=None, help="replay this recording")
+    p.add_argument("--running", type=int, default=256)
+    p.add_argument("--steps", type=int, default=6000, help="steps to record")
+    p.add_argument("--rate", type=float, default=281.0, help="engine steps a second")
+    p.add_argument("--busy-s", type=float, default=30.0)
+    p.add_argument("--idle-s", type=float, default=30.0)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    out = args.out or Path(tempfile.mkdtemp(prefix="kvscope-store-bg-"))
+    out.mkdir(parents=True, exist_ok=True)
+    path = recording(args.frames, out, argparse.Namespace(
+        pool=0, preempt=False, running=args.running, warm=50, steps=args.steps, interval=0.0))
+    results = []
+    print("variant    window  ms CPU/s  by thread (ms/s, wake-ups/s)")
+    for _ in range(args.rounds):
+        for variant in ("embedded", "default"):
+            proc = subprocess.run(
+                [sys.executable, str(Path(__file__)), "--child", str(path), variant,
+                 str(args.busy_s), str(args.idle_s), str(args.rate)],
+                env=child_env(ROOT / "exporter"), capture_output=True, text=True, check=True)
+            got = json.loads(proc.stdout.strip().splitlines()[-1])
+            results.append(got)
+            for w in ("busy", "idle"):
+                top = ", ".join(f"{n} {c:.2f} ({k:g})"
+                                for n, (c, k) in list(got[w]["by_thread"].items())[:7])
+                print(f"{variant:9s}  {w:6s}  {got[w]['ms_per_s']:8.2f}  {top}")
+    summary = {"bench": "store_background", "frames": str(path), "results": results}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
