@@ -1,14 +1,15 @@
 """The embedded store's CPU by thread, busy and idle, with and without kvscope's chDB options.
 
     python benchmarks/store_background.py [--frames FILE | --running 256 --steps 6000]
-        [--busy-s 30] [--idle-s 30] [--rounds 2] [--out DIR]
+        [--rate 281] [--batch-interval 5] [--busy-s 30] [--idle-s 30] [--rounds 2] [--out DIR]
 
 One engine's recorded frames (``ingest_instructions``'s recording, or ``--frames``) are
 replayed through the ``Hub`` and the request tracker once, their rows kept by table. Each
 child process then opens a real ``ClickHouseSink`` on a fresh chDB directory as
-``kvscope serve`` does (write-ahead spool, 5 s batches) and hands it those rows at the
-recording's step rate (``--rate``, 281 steps a second: what one engine at 256 running
-steps live here) for ``--busy-s``, then nothing for ``--idle-s``. Per window: the CPU of
+``kvscope serve`` does (write-ahead spool, batches of ``--batch-interval``: serve's
+default, 5 s) and hands it those rows at the recording's step rate (``--rate``, 281 steps
+a second: what one engine at 256 running steps live here) for ``--busy-s``, then nothing
+for ``--idle-s``. Per window: the CPU of
 every thread of the process by name (``/proc/self/task/*/schedstat``, nanoseconds) and
 how often each woke (its voluntary context switches), in ms of CPU and wake-ups a second.
 Variants, alternated over ``--rounds``: ``embedded`` opens chDB with
@@ -83,9 +84,11 @@ def rows_of(path: Path) -> tuple[list[Any], int]:
     return rows, next(iter(hub.engines.values())).counters.steps
 
 
-def child(path: Path, variant: str, busy_s: float, idle_s: float, rate: float) -> dict[str, Any]:
+def child(path: Path, variant: str, busy_s: float, idle_s: float, rate: float,
+          interval_s: float) -> dict[str, Any]:
     import kvscope.store.embedded as embedded
     from kvscope.rows import table_of
+    from kvscope.sinks.options import DeliveryOptions
     from kvscope.store.sink import ClickHouseSink
 
     if variant == "default":  # chDB as clickhouse-connect opens it, inserts as sent
@@ -94,7 +97,8 @@ def child(path: Path, variant: str, busy_s: float, idle_s: float, rate: float) -
     rows, steps = rows_of(path)
     per_s = len(rows) / steps * rate
     home = Path(tempfile.mkdtemp(prefix="kvscope-store-bg-"))
-    sink = ClickHouseSink(f"chdb://{home / 'chdb'}", spool_dir=str(home / "spool"))
+    sink = ClickHouseSink(f"chdb://{home / 'chdb'}", spool_dir=str(home / "spool"),
+                          options=DeliveryOptions(batch_interval_s=interval_s))
     sink.client()  # opened and the schema applied, as kvscope serve does at start
     time.sleep(1.0)
     out: dict[str, Any] = {"variant": variant, "rows_per_s": per_s}
@@ -116,12 +120,13 @@ def child(path: Path, variant: str, busy_s: float, idle_s: float, rate: float) -
 
 
 def main() -> None:
-    if len(sys.argv) == 7 and sys.argv[1] == "--child":
+    if len(sys.argv) == 8 and sys.argv[1] == "--child":
         sys.path.insert(0, str(HERE))
-        print(json.dumps(child(Path(sys.argv[2]), sys.argv[3], float(sys.argv[4]),
-                               float(sys.argv[5]), float(sys.argv[6]))))
+        print(json.dumps(child(Path(sys.argv[2]), sys.argv[3], *map(float, sys.argv[4:]))))
         return
     from ingest_instructions import child_env, recording
+
+    from kvscope.settings import default
 
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -129,6 +134,9 @@ def main() -> None:
     p.add_argument("--running", type=int, default=256)
     p.add_argument("--steps", type=int, default=6000, help="steps to record")
     p.add_argument("--rate", type=float, default=281.0, help="engine steps a second")
+    p.add_argument("--batch-interval", type=float,
+                   default=default("clickhouse_batch_interval_s"),
+                   help="seconds a table's rows gather (kvscope serve's default)")
     p.add_argument("--busy-s", type=float, default=30.0)
     p.add_argument("--idle-s", type=float, default=30.0)
     p.add_argument("--rounds", type=int, default=2)
@@ -144,7 +152,7 @@ def main() -> None:
         for variant in ("embedded", "default"):
             proc = subprocess.run(
                 [sys.executable, str(Path(__file__)), "--child", str(path), variant,
-                 str(args.busy_s), str(args.idle_s), str(args.rate)],
+                 str(args.busy_s), str(args.idle_s), str(args.rate), str(args.batch_interval)],
                 env=child_env(ROOT / "exporter"), capture_output=True, text=True, check=True)
             got = json.loads(proc.stdout.strip().splitlines()[-1])
             results.append(got)
