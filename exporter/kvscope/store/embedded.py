@@ -25,9 +25,10 @@ EMBEDDED_OPTIONS: dict[str, int] = {
 
 INSERT_SETTINGS: dict[str, int] = {"max_threads": 1, "max_insert_threads": 1}
 """Query settings of every insert into the embedded store. A batch is a few hundred to a few
-thousand rows: handing its parts to pipeline threads cost more than they did, ~10-15% of an
-insert's CPU (benchmarks/README.md, "sixteenth pass"). chDB releases the GIL while it runs a
-query, so the sending thread doing that work itself holds up no other thread."""
+thousand rows: handing it to pipeline threads woke a pool thread ~10 times an insert for
+5-10% more instructions (benchmarks/README.md, "sixteenth pass"). chDB releases the GIL
+while it runs a query, so the sending thread doing that work itself holds up no other
+thread."""
 
 
 def connect(dsn: str, embedded: bool, **kwargs: Any) -> Any:
