@@ -98,13 +98,11 @@ def main() -> None:
     if len(sys.argv) == 5 and sys.argv[1] == "--child":
         print(json.dumps(child(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))))
         return
-    from ingest_instructions import prefixes, recording
+    from ingest_instructions import add_recording_args, decoding_recording, prefixes
 
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--frames", type=Path, default=None, help="replay this recording")
-    p.add_argument("--running", type=int, default=256)
-    p.add_argument("--steps", type=int, default=6000, help="steps to record")
+    add_recording_args(p)
     p.add_argument("--thresholds", type=int, nargs="+", default=[700, 20000])
     p.add_argument("--repeats", type=int, default=2, help="native replays per setting")
     p.add_argument("--instructions", action="store_true", help="also under cachegrind")
@@ -114,8 +112,7 @@ def main() -> None:
     args = p.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="kvscope-ingest-gc-"))
     out.mkdir(parents=True, exist_ok=True)
-    path = recording(args.frames, out, argparse.Namespace(
-        pool=0, preempt=False, running=args.running, warm=50, steps=args.steps, interval=0.0))
+    path = decoding_recording(args, out)
     short, long = prefixes(path, args.short_steps, args.long_steps)
     results = []
     print("threshold  us/step  collections by generation (us/step)         instructions/step")

@@ -193,6 +193,21 @@ def recording(frames: Path | None, out: Path, args: argparse.Namespace) -> Path:
     return path
 
 
+def add_recording_args(p: argparse.ArgumentParser) -> None:
+    """``--frames`` (a recording to replay), else ``--running`` and ``--steps`` (one to make:
+    ``decoding_recording``)."""
+    p.add_argument("--frames", type=Path, default=None, help="replay this recording")
+    p.add_argument("--running", type=int, default=256)
+    p.add_argument("--steps", type=int, default=6000, help="steps to record")
+
+
+def decoding_recording(args: argparse.Namespace, out: Path) -> Path:
+    """``args.frames``, or a new recording in ``out`` of a decoding engine at ``args.running``
+    seats for ``args.steps`` steps (a pool that never preempts, stepping as fast as it can)."""
+    return recording(args.frames, out, argparse.Namespace(
+        pool=0, preempt=False, running=args.running, warm=50, steps=args.steps, interval=0.0))
+
+
 def prefixes(path: Path, short_steps: int, long_steps: int) -> tuple[int, int]:
     """The fewest leading frames holding ``short_steps`` steps, and ``long_steps``."""
     from kvscope_probe import wire

@@ -124,15 +124,13 @@ def main() -> None:
         sys.path.insert(0, str(HERE))
         print(json.dumps(child(Path(sys.argv[2]), sys.argv[3], *map(float, sys.argv[4:]))))
         return
-    from ingest_instructions import child_env, recording
+    from ingest_instructions import add_recording_args, child_env, decoding_recording
 
     from kvscope.settings import default
 
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--frames", type=Path, default=None, help="replay this recording")
-    p.add_argument("--running", type=int, default=256)
-    p.add_argument("--steps", type=int, default=6000, help="steps to record")
+    add_recording_args(p)
     p.add_argument("--rate", type=float, default=281.0, help="engine steps a second")
     p.add_argument("--batch-interval", type=float,
                    default=default("clickhouse_batch_interval_s"),
@@ -144,8 +142,7 @@ def main() -> None:
     args = p.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="kvscope-store-bg-"))
     out.mkdir(parents=True, exist_ok=True)
-    path = recording(args.frames, out, argparse.Namespace(
-        pool=0, preempt=False, running=args.running, warm=50, steps=args.steps, interval=0.0))
+    path = decoding_recording(args, out)
     results = []
     print("variant    window  ms CPU/s  by thread (ms/s, wake-ups/s)")
     for _ in range(args.rounds):
