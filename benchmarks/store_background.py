@@ -21,7 +21,6 @@ A report, never an assertion.
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import subprocess
@@ -35,35 +34,36 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 
-def threads() -> dict[str, tuple[str, int, int]]:
-    """Each thread of this process: its name, CPU ns and voluntary context switches."""
-    out = {}
-    for task in os.listdir("/proc/self/task"):
+Reading = tuple[dict[int, tuple[str, float]], dict[int, tuple[str, int]]]
+"""Each thread's name and CPU seconds (``sidecar_feed.schedstat``), and its voluntary
+context switches: the times it went to sleep, so woke."""
+
+
+def reading() -> Reading:
+    from sidecar_feed import schedstat
+
+    woke = {}
+    for task in Path("/proc/self/task").iterdir():
         try:
-            with open(f"/proc/self/task/{task}/comm") as f:
-                name = f.read().strip()
-            with open(f"/proc/self/task/{task}/schedstat") as f:
-                ns = int(f.read().split()[0])
-            with open(f"/proc/self/task/{task}/status") as f:
-                woke = next(int(line.split()[1]) for line in f
-                            if line.startswith("voluntary_ctxt_switches:"))
+            name = (task / "comm").read_text().strip()
+            status = (task / "status").read_text().splitlines()
+            n = next(int(line.split()[1]) for line in status
+                     if line.startswith("voluntary_ctxt_switches:"))
         except (OSError, StopIteration):
             continue  # a thread that ended
-        out[task] = (name, ns, woke)
-    return out
+        woke[int(task.name)] = (name, n)
+    return schedstat(os.getpid()), woke
 
 
-def window(before: dict[str, tuple[str, int, int]], seconds: float) -> dict[str, Any]:
-    after = threads()
-    cpu: collections.Counter[str] = collections.Counter()
-    woke: collections.Counter[str] = collections.Counter()
-    for task, (name, ns, w) in after.items():
-        _, ns0, w0 = before.get(task, (name, 0, 0))
-        cpu[name] += ns - ns0
-        woke[name] += w - w0
-    return {"ms_per_s": sum(cpu.values()) / 1e6 / seconds,
-            "by_thread": {n: [round(v / 1e6 / seconds, 3), round(woke[n] / seconds, 1)]
-                          for n, v in cpu.most_common()}}
+def window(before: Reading, seconds: float) -> dict[str, Any]:
+    from sidecar_live import by_thread_name
+
+    after = reading()
+    cpu = by_thread_name(before[0], after[0], os.getpid())
+    woke = by_thread_name(before[1], after[1], os.getpid())
+    return {"ms_per_s": sum(cpu.values()) * 1e3 / seconds,
+            "by_thread": {n: [round(v * 1e3 / seconds, 3), round(woke.get(n, 0) / seconds, 1)]
+                          for n, v in cpu.items()}}
 
 
 def rows_of(path: Path) -> tuple[list[Any], int]:
@@ -102,7 +102,7 @@ def child(path: Path, variant: str, busy_s: float, idle_s: float, rate: float,
     sink.client()  # opened and the schema applied, as kvscope serve does at start
     time.sleep(1.0)
     out: dict[str, Any] = {"variant": variant, "rows_per_s": per_s}
-    before, t0, sent = threads(), time.monotonic(), 0
+    before, t0, sent = reading(), time.monotonic(), 0
     while (now := time.monotonic() - t0) < busy_s:
         for i in range(sent, int(now * per_s)):  # the recording again once it ends
             row = rows[i % len(rows)]
@@ -112,7 +112,7 @@ def child(path: Path, variant: str, busy_s: float, idle_s: float, rate: float,
     out["busy"] = window(before, time.monotonic() - t0)
     out["busy"]["rows"] = sink.stats().rows_written
     sink.flush(10.0)
-    before, t0 = threads(), time.monotonic()
+    before, t0 = reading(), time.monotonic()
     time.sleep(idle_s)
     out["idle"] = window(before, time.monotonic() - t0)
     sink.close(10.0)
