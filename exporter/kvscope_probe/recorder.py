@@ -79,7 +79,8 @@ class Recorder(PoolMirror):
         self.seq = 0
         self.prev_cached: list[str] | None = None
         """``cached_ids`` of the last step record pushed, when the next may refer to it
-        (``Step.cached_same``); None after a keyframe, a dropped record or a fault."""
+        (``Step.cached_same``, ``Step.cached_removed``); None after a keyframe, a dropped
+        record or a fault."""
         self.ring_dropped = 0
         self.send_dropped = 0  # written by the sender thread only
         self.faults = 0
@@ -289,16 +290,27 @@ class Recorder(PoolMirror):
         ids = c.req_ids
         prev = self.prev_cached
         same = prev is not None and ids == prev  # identity compares: ~1 us at 256
-        if not same:
-            prev = list(ids)  # vLLM's list is not kept: a copy the next step compares with
+        removed = None
+        if same:
+            listed = _NO_IDS_LIST
+        else:
+            listed = copy = list(ids)  # vLLM's list is not kept: the next step compares
+            if prev is not None:  # a request ended or started: most often sent as the edit
+                gone = out.finished_req_ids
+                if out.preempted_req_ids:
+                    gone = (*gone, *out.preempted_req_ids)
+                removed = wire.cached_edit(prev, ids, gone)
+                if removed is not None:  # only the requests appended after those kept
+                    listed = copy[len(prev) - len(removed):]
+            prev = copy
         dropped = self.ring_dropped
         self.push(wire.Step(
-            _wall(), ops, new, sent, _NO_IDS_LIST if same else prev, c.num_computed_tokens,
+            _wall(), ops, new, sent, listed, c.num_computed_tokens,
             list(compress(c.req_ids, nb)), list(filter(None, nb)), c.resumed_req_ids,
             nulled, moved, out.finished_req_ids, out.preempted_req_ids, pre, arrivals, ends,
             out.total_num_scheduled_tokens, sched.max_num_scheduled_tokens,
             len(sched.running), waiting, head[0], head[1], free, schedule_ns,
-            self.last_probe_ns, rolled, audit, counts, same,
+            self.last_probe_ns, rolled, audit, counts, same, removed,
         ))
         self.prev_cached = prev if self.ring_dropped == dropped else None
         if self.repair_at is not None:

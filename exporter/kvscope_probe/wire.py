@@ -11,17 +11,20 @@ replaying them in order rebuilds the exact free set (unordered sets do not).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Union
 
 import msgspec
 
-WIRE_VERSION = 3
-VERSION_TAG = b"kvscope/3"
-ACCEPTED_TAGS = frozenset({b"kvscope/2", VERSION_TAG})
+WIRE_VERSION = 4
+VERSION_TAG = b"kvscope/4"
+ACCEPTED_TAGS = frozenset({b"kvscope/2", b"kvscope/3", VERSION_TAG})
 """Version 3 may send a step's scheduled tokens as ``Step.scheduled_counts`` and its
-``cached_ids`` as "the previous step's" (``Step.cached_same``); a version-2 probe's frames
-decode the same (the fields are absent). A version-2 sidecar refuses version 3 by its tag
-rather than read an empty ``num_scheduled`` or ``cached_ids`` as nothing scheduled."""
+``cached_ids`` as "the previous step's" (``Step.cached_same``); version 4 also as the
+previous step's with some taken out and some appended (``Step.cached_removed``). Frames of
+an older probe decode the same (the fields are absent). An older sidecar refuses a newer
+version by its tag rather than read an empty ``num_scheduled`` or a list's tail as the
+whole list."""
 
 # Block operation kinds (first element of an op tuple).
 OP_ALLOC = 0  # free -> used (get_new_blocks, touch of a free block)
@@ -255,6 +258,11 @@ class Step(msgspec.Struct, tag="step", array_like=True, frozen=True, gc=False):
     step). The probe sends the whole list after every keyframe, every record it dropped and
     every contained fault, so a sidecar that missed a record is stale (and says so) only
     until the next keyframe. Read the step through ``EngineState``, which resolves it."""
+    cached_removed: list[int] | None = None
+    """When set, ``cached_ids`` holds only the requests appended to the previous step
+    record's list after the requests at these positions (ascending) left it: a decoding
+    engine's list changes by a request ending or one starting (``cached_edit``). None:
+    ``cached_ids`` is the whole list (or ``cached_same``). Resolved like ``cached_same``."""
 
 
 class Keyframe(msgspec.Struct, tag="keyframe", array_like=True, frozen=True, gc=False):
@@ -366,6 +374,46 @@ _decoder = msgspec.msgpack.Decoder(Frame)
 def encode(frame: Frame) -> list[bytes]:
     """The multipart message for one frame."""
     return [VERSION_TAG, _encoder.encode(frame)]
+
+
+def cached_edit(prev: list[str], ids: list[str], gone: Iterable[str]) -> list[int] | None:
+    """The probe's side of ``Step.cached_removed``: the positions in ``prev`` of the requests
+    of ``gone`` (those that finished or were preempted) that make ``prev`` without them the
+    head of ``ids``, ``[]`` when ``prev`` is its head already; None when ``ids`` is not so
+    made (then the whole list is sent). Checked against ``ids`` itself, never assumed: the
+    sidecar rebuilds the list from it exactly (``apply_cached_edit``)."""
+    n = len(prev)
+    if len(ids) >= n and ids[:n] == prev:  # only appended (identity compares in C)
+        return []
+    cut: set[int] = set()
+    for rid in gone:
+        try:
+            cut.add(prev.index(rid))
+        except ValueError:  # not in the previous list
+            continue
+    if not cut:
+        return None
+    removed = sorted(cut)
+    head = prev.copy()
+    for i in reversed(removed):
+        del head[i]
+    return removed if ids[:len(head)] == head else None
+
+
+def apply_cached_edit(prev: list[str], removed: list[int], tail: list[str]) -> list[str]:
+    """The sidecar's side: ``prev`` without the positions ``removed``, then ``tail``;
+    ValueError when the positions are not ascending within ``prev``."""
+    last = -1
+    for i in removed:
+        if not last < i < len(prev):
+            raise ValueError(f"cached_removed {removed[:8]} is not ascending within "
+                             f"the previous list of {len(prev)}")
+        last = i
+    ids = prev.copy()
+    for i in reversed(removed):
+        del ids[i]
+    ids += tail
+    return ids
 
 
 def scheduled_ids(s: Step) -> list[str]:

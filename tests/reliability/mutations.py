@@ -18,6 +18,8 @@ from typing import Any
 
 import msgspec
 
+from kvscope_probe import wire
+
 _raw = msgspec.msgpack.Encoder()
 
 WEIRD: list[Any] = [None, True, False, 0, -1, 1, 2**31, -(2**31), 2**63 - 1, -(2**63),
@@ -77,7 +79,8 @@ def splice(rng: random.Random, tag: bytes, body: bytes) -> list[bytes]:
 
 
 def wrong_version(rng: random.Random, tag: bytes, body: bytes) -> list[bytes]:
-    return [rng.choice([b"kvscope/0", b"kvscope/4", b"kvscope/1 ", b"kvscope/", b"KVSCOPE/1",
+    newer = b"kvscope/%d" % (wire.WIRE_VERSION + 1)
+    return [rng.choice([b"kvscope/0", newer, b"kvscope/1 ", b"kvscope/", b"KVSCOPE/1",
                         b"", rng.randbytes(9)]), body]
 
 

@@ -30,6 +30,8 @@ def drain(rec: Recorder, hub: Hub, forms: dict[str, int] | None = None) -> None:
                 if isinstance(r, wire.Step) and (r.num_scheduled or r.scheduled_counts):
                     forms["counts" if r.scheduled_counts else "dict"] += 1
                     forms["same"] += r.cached_same
+                    forms["edit"] += r.cached_removed is not None
+                    forms["edit_out"] += bool(r.cached_removed)
         assert hub.accept(parts)
 
 
@@ -46,7 +48,7 @@ def run_checked(policy: str, num_blocks: int, n_requests: int, seed: int) -> dic
     dict_at_start = dict_materialised(coord)  # False on vLLM 0.32: the slots are inline
     stats = {"steps": 0, "checked": 0, "preemptions": 0, "disarmed": 0,
              "arm_below": rec.arm_below}
-    forms = stats["forms"] = {"counts": 0, "dict": 0, "same": 0}  # type: ignore[assignment]
+    forms = stats["forms"] = {"counts": 0, "dict": 0, "same": 0, "edit": 0, "edit_out": 0}  # type: ignore[assignment]
 
     def checked_schedule(*args: object, **kwargs: object) -> object:
         """The probe records at the end of schedule(): compare the pool right there."""
@@ -128,6 +130,9 @@ def test_ledger_equals_block_pool_every_step(policy: str) -> None:
     # lists cached_ids then new_reqs (a resumed request sits among the cached ones, and
     # resumed ones head the waiting queue), so the dict form is a fallback the probe
     # checks for; these runs (137 steps with a resumed request) never needed it. And the
-    # steps that scheduled the same running requests as the step before sent no IDs.
+    # steps that scheduled the same running requests as the step before sent no IDs, and
+    # (version 4) steps whose list was the one before with requests taken out (ended or
+    # preempted) and appended sent only the positions out and the IDs appended.
     forms = stats["forms"]
     assert forms["counts"] > forms["same"] > 0 and forms["dict"] == 0, forms  # type: ignore[index]
+    assert forms["edit"] > forms["edit_out"] > 0, forms  # type: ignore[index]

@@ -110,6 +110,47 @@ def test_a_step_that_sends_the_same_list_is_read_against_the_one_before() -> Non
     assert hub.rejected["invalid"] == 1
 
 
+def test_a_step_that_sends_its_list_as_an_edit_is_read_against_the_one_before() -> None:
+    """Wire version 4: ``cached_removed`` steps take positions out of the previous step's
+    list and append ``cached_ids``; the counts follow (the one taken out keeps its last);
+    after a missed frame the edit cannot be read (stale, facts kept), and positions outside
+    the list before are refused with a reason."""
+    hub = Hub()
+    kf = wire.Keyframe(hello=hello(num_blocks=10), states=bytes([3, 2, 2, 2] + [0] * 6),
+                       tables={"a": [[1]], "b": [[2]], "c": [[3]]},
+                       tokens={"a": 10, "b": 20, "c": 30})
+    assert feed(hub, [hello(num_blocks=10), kf], 0)
+    st = hub.engines["0"]
+    whole = step(cached_ids=["a", "b"], cached_computed=[10, 20], scheduled_counts=[1, 1],
+                 free_blocks=6)
+    edit = step(cached_removed=[0], cached_ids=["c"], cached_computed=[21, 30],
+                scheduled_counts=[1, 2], free_blocks=6)
+    grown = step(cached_removed=[], cached_ids=["a"], cached_computed=[22, 32, 11],
+                 scheduled_counts=[1, 1, 1], free_blocks=6)
+    assert feed(hub, [whole, edit, grown], 2)
+    assert st.ledger.synced and st.last_step is not None
+    assert st.last_step.cached_ids == ["b", "c", "a"] and st.last_step.cached_removed is None
+    assert st.ledger.tokens == {"a": 12, "b": 23, "c": 33}
+    assert wire.scheduled_tokens_of(st.last_step) == {"b": 1, "c": 1, "a": 1}
+    # record 5 never arrives: the edit of record 6 has nothing to edit
+    end = wire.End("a", "FINISHED_STOPPED", 8, 4, 0, 0, 3.0)
+    assert feed(hub, [step(cached_removed=[2], cached_ids=[], cached_computed=[40, 50],
+                           scheduled_counts=[1, 1], free_blocks=6, ends=[end])], 6)
+    assert not st.ledger.synced and st.counters.gaps == 1
+    assert st.counters.ends == {"FINISHED_STOPPED": 1}
+    assert feed(hub, [kf, step(cached_ids=["a", "b"], cached_computed=[60, 70],
+                               scheduled_counts=[1, 1], free_blocks=6)], 7)
+    assert st.ledger.synced and st.ledger.tokens["b"] == 71
+    for seq, removed in ((9, [2]), (12, [1, 0])):  # outside the list before, not ascending
+        assert not feed(hub, [step(cached_removed=removed, cached_ids=[],
+                                   cached_computed=[1], scheduled_counts=[1],
+                                   free_blocks=6)], seq)
+        assert feed(hub, [kf, step(cached_ids=["a", "b"], cached_computed=[60, 70],
+                                   scheduled_counts=[1, 1], free_blocks=6)], seq + 1)
+        assert st.ledger.synced
+    assert hub.rejected["invalid"] == 2
+
+
 def test_a_refused_frame_leaves_the_same_list_unknown_not_wrong() -> None:
     """A frame refused part-way (its sequence numbers counted, so no gap follows) loses the
     list its later steps carried: a "same" step after it is read as unknown (stale, its

@@ -31,6 +31,8 @@ ops = st.lists(st.one_of(
     st.tuples(st.just("step"), st.lists(st.sampled_from(RIDS), unique=True, max_size=6),
               st.integers(0, 3)),
     st.tuples(st.just("same"), st.integers(0, 99)),
+    st.tuples(st.just("edit"), st.sets(st.integers(0, 7), max_size=3),
+              st.lists(st.sampled_from(RIDS), unique=True, max_size=3), st.integers(0, 3)),
     st.tuples(st.just("drop"), st.sampled_from(RIDS)),
     st.tuples(st.just("set"), st.sampled_from(RIDS), st.integers(0, 99)),
     st.tuples(st.just("dict"), st.lists(st.sampled_from(RIDS), unique=True, max_size=6),
@@ -44,13 +46,19 @@ def test_every_read_equals_the_dictionaries_of_every_count(program: list[tuple])
     got, ref = TokenCounts(), Reference()
     ids: list[str] = []
     for n, op in enumerate(program):
-        if op[0] in ("step", "same"):
+        if op[0] in ("step", "same", "edit"):
+            edit = None
             if op[0] == "step":
                 ids = list(op[1])  # a new list object, as a decoded step brings
-            extra = op[2] if op[0] == "step" else 1  # the new requests' counts follow
+            elif op[0] == "edit":  # the list before, some taken out, some appended
+                removed = sorted(i for i in op[1] if i < len(ids))
+                kept = [rid for i, rid in enumerate(ids) if i not in removed]
+                edit = (ids, removed)  # the list before may not be the counts' latest
+                ids = kept + [rid for rid in op[2] if rid not in kept]
+            extra = op[2] if op[0] == "step" else op[3] if op[0] == "edit" else 1
             computed = [100 * n + i for i in range(len(ids))]
             scheduled = [n % 5 + i for i in range(len(ids) + extra)]
-            got.step(ids, computed, scheduled)  # "same": the very list object again
+            got.step(ids, computed, scheduled, edit)  # "same": the very list object again
             ref.step(ids, computed, scheduled)
         elif op[0] == "drop":
             got.drop(op[1])

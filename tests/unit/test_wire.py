@@ -96,14 +96,66 @@ def test_counts_that_do_not_fit_their_requests_are_refused(bad: dict[str, object
         wire.scheduled_tokens_of(step(**bad))
 
 
-def test_a_version_2_frame_still_decodes_and_other_versions_do_not() -> None:
-    """An engine whose probe is a release behind (version 2) keeps being read; its steps
-    have no scheduled_counts."""
+def test_frames_of_older_probes_still_decode_and_other_versions_do_not() -> None:
+    """An engine whose probe is a release or two behind keeps being read: a version-2 step
+    has no scheduled_counts, a version-3 step no cached_removed (the field is absent from
+    its array, not nil)."""
     body = wire.encode(frame([step(num_scheduled={"a": 3}, cached_ids=["a"],
                                    cached_computed=[1])]))[1]
     got = wire.decode([b"kvscope/2", body]).records[0]
     assert wire.scheduled_tokens_of(got) == {"a": 3}
-    for tag in (b"kvscope/4", b"kvscope/1"):
+    raw = msgspec.msgpack.decode(body)
+    assert raw[5][0][-1] is None  # cached_removed, the last field of a step
+    raw[5][0] = raw[5][0][:-1]  # as a version-3 probe sends it
+    got = wire.decode([b"kvscope/3", msgspec.msgpack.encode(raw)]).records[0]
+    assert got.cached_removed is None and got.cached_ids == ["a"]
+    for tag in (b"kvscope/5", b"kvscope/1"):
         with pytest.raises(wire.WireError) as err:
             wire.decode([tag, body])
         assert err.value.reason == "version"
+
+
+NAMES = [f"q{i}" for i in range(12)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(NAMES), unique=True, max_size=10),
+       st.sets(st.integers(0, 9), max_size=4), st.lists(st.sampled_from(NAMES), max_size=4),
+       st.lists(st.sampled_from(NAMES), max_size=3), st.booleans())
+def test_a_list_sent_as_an_edit_is_rebuilt_exactly(prev: list[str], out: set[int],
+                                                   appended: list[str], others: list[str],
+                                                   shuffle: bool) -> None:
+    """Version 4: the probe sends a step's list as the previous one with positions taken
+    out and a tail appended only when that rebuilds the list vLLM gave it, exactly; a list
+    made so (requests ended, others started) is always sent so."""
+    removed = sorted(i for i in out if i < len(prev))
+    kept = [rid for i, rid in enumerate(prev) if i not in removed]
+    ids = kept + [rid for rid in dict.fromkeys(appended) if rid not in kept]
+    if shuffle:  # any other list: an edit only when it is one
+        ids = sorted(ids, key=lambda rid: NAMES.index(rid) * 7 % 12)
+    # what finished or was preempted: those taken out, and requests never in the list (one
+    # aborted while it waited); one still listed makes the cut fail its check (next test)
+    gone = [prev[i] for i in removed] + [rid for rid in others if rid not in prev + ids]
+    cut = wire.cached_edit(list(prev), ids, gone)
+    if not shuffle and (removed or ids[:len(prev)] == prev):
+        assert cut is not None
+    if cut is not None:
+        tail = ids[len(prev) - len(cut):]
+        assert wire.apply_cached_edit(list(prev), cut, tail) == ids
+        assert cut == sorted(set(cut))
+
+
+def test_a_cut_that_does_not_rebuild_the_list_is_not_sent() -> None:
+    """A request named gone that is still listed (or any other list): the whole list."""
+    prev = ["a", "b", "c"]
+    assert wire.cached_edit(prev, ["b", "c", "d"], {"a"}) == [0]
+    assert wire.cached_edit(prev, ["b", "c", "d"], {"a", "b"}) is None
+    assert wire.cached_edit(prev, ["a", "b", "c", "d"], {"x"}) == []
+    assert wire.cached_edit(prev, ["c", "b"], {"a"}) is None
+    assert wire.cached_edit(prev, ["b"], set()) is None
+
+
+@pytest.mark.parametrize("removed", [[1, 0], [0, 0], [3], [-1], [0, 2, 2]])
+def test_an_edit_outside_the_list_before_is_refused(removed: list[int]) -> None:
+    with pytest.raises(ValueError, match="not ascending within"):
+        wire.apply_cached_edit(["a", "b", "c"], removed, ["d"])

@@ -153,28 +153,39 @@ class EngineState:
             raise ValueError(f"{type(record).__name__} in an engine frame")
 
     # -- steps --------------------------------------------------------------------------
-    def _resolve(self, s: wire.Step) -> wire.Step:
+    def _resolve(self, s: wire.Step) -> tuple[wire.Step, tuple[list[str], list[int]] | None]:
         """The step with its ``cached_ids`` written out, whichever compact form the probe
-        sent (wire version 3), and its scheduled counts checked against the requests they
-        are for (the ledger applies them in place, no dict of them is built: read them
-        through ``wire.scheduled_tokens_of``); remembers the list for the next."""
-        if s.cached_same:
-            ids = self.prev_cached
-            if ids is None:  # a record was missed: the list is unknown until the probe
+        sent (wire versions 3 and 4), and its scheduled counts checked against the requests
+        they are for (the ledger applies them in place, no dict of them is built: read them
+        through ``wire.scheduled_tokens_of``); remembers the list for the next. With it, the
+        edit the list was rebuilt from (the previous list, the positions taken out), for
+        the token counts to follow (``TokenCounts.step``); None otherwise."""
+        edit = None
+        if s.cached_same or s.cached_removed is not None:
+            prev = self.prev_cached
+            if prev is None:  # a record was missed: the list is unknown until the probe
                 self.ledger.synced = False  # resends it (after its next keyframe)
-                return msgspec.structs.replace(s, cached_same=False, cached_computed=[],
-                                               scheduled_counts=[], num_scheduled={})
+                return msgspec.structs.replace(
+                    s, cached_same=False, cached_removed=None, cached_ids=[],
+                    cached_computed=[], scheduled_counts=[], num_scheduled={}), None
+            if s.cached_same:
+                ids = prev
+            else:
+                ids = wire.apply_cached_edit(prev, s.cached_removed, s.cached_ids)
+                edit = (prev, s.cached_removed)
             if len(ids) != len(s.cached_computed):
                 raise ValueError(f"{len(s.cached_computed)} computed counts for the "
-                                 f"previous step's {len(ids)} requests")
-            s = msgspec.structs.replace(s, cached_ids=ids, cached_same=False)
+                                 f"{len(ids)} requests of the previous step's list"
+                                 f"{' as edited' if edit else ''}")
+            s = msgspec.structs.replace(s, cached_ids=ids, cached_same=False,
+                                        cached_removed=None)
         self.prev_cached = s.cached_ids
         if s.scheduled_counts:  # the IDs came once (cached_ids, new_reqs)
             wire.scheduled_ids(s)  # raises before anything is applied when they do not match
-        return s
+        return s, edit
 
     def _step(self, s: wire.Step) -> None:
-        s = self._resolve(s)
+        s, edit = self._resolve(s)
         led = self.ledger
         c = self.counters
         c.steps += 1
@@ -189,7 +200,7 @@ class EngineState:
             seen = self._preemptions(s)
         else:  # most steps: the ops in one go
             led.apply(s.ops)
-        led.apply_tables(s)
+        led.apply_tables(s, edit)
         if self.lost_tokens:  # only requests preempted before can resume
             for r in s.new_reqs:
                 self._resumed(r.req_id, r.computed_tokens)

@@ -249,15 +249,17 @@ class Ledger:
             self._count_nulls(table, -1)
         self.counts.drop(req_id)
 
-    def apply_tables(self, s: wire.Step) -> None:
-        """One step's changes to the running requests' tables and token counts."""
+    def apply_tables(self, s: wire.Step,
+                     edit: tuple[list[str], list[int]] | None = None) -> None:
+        """One step's changes to the running requests' tables and token counts; ``edit``:
+        how ``s.cached_ids`` was made from the list before (``TokenCounts.step``)."""
         tables = self.tables
         counts = self.counts
         sched = s.scheduled_counts
         # The counts first: the requests that left are not in this step's list, and are
         # dropped after it has set the rest apart (token_counts).
         if sched:  # cached_ids' counts, then the new requests' (checked by the caller)
-            counts.step(s.cached_ids, s.cached_computed, sched)
+            counts.step(s.cached_ids, s.cached_computed, sched, edit)
         else:
             counts.store(s.cached_ids, s.cached_computed, s.num_scheduled)
         for rid in s.finished:

@@ -7,7 +7,10 @@ again (``Step.cached_ids``, in vLLM's order). Stored into two dictionaries, that
 each request's position in them, and read through; the dictionaries hold only the counts
 of requests that are not in that step's list. When the list changes (a decoding engine
 sends the same one step after step, ``Step.cached_same``), the requests of the old list
-that are not in the new one are folded into the dictionaries: a few, not 256.
+that are not in the new one are folded into the dictionaries: a few, not 256. A new list
+sent as the one before with a few taken out and a few appended (``Step.cached_removed``,
+most new lists) moves only the positions from the first one taken out, and the ones taken
+out are known without looking for them.
 
 A count is its request's entry in the latest list when it is there, else its entry in
 the dictionaries (0 for neither): every write keeps that rule true.
@@ -16,7 +19,7 @@ the dictionaries (0 for neither): every write keeps that rule true.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import filterfalse
+from itertools import count, filterfalse, islice
 
 import numpy as np
 
@@ -50,25 +53,44 @@ class TokenCounts:
         return rid in self._pos or rid in self.computed
 
     # -- writes -------------------------------------------------------------------------
-    def step(self, ids: list[str], computed: Sequence[int], scheduled: Sequence[int]) -> None:
+    def step(self, ids: list[str], computed: Sequence[int], scheduled: Sequence[int],
+             edit: tuple[list[str], list[int]] | None = None) -> None:
         """A step's counts of the requests it scheduled again: ``computed[i]`` and
-        ``scheduled[i]`` are ``ids[i]``'s (``scheduled`` may be longer). ValueError when
-        the columns are shorter than the list (nothing is changed then)."""
+        ``scheduled[i]`` are ``ids[i]``'s (``scheduled`` may be longer). ``edit``: ``ids``
+        is ``edit[0]`` without the positions ``edit[1]`` (ascending), then new requests
+        appended (``Step.cached_removed``); when ``edit[0]`` is the latest list, only the
+        positions from the first one taken out move. ValueError when the columns are
+        shorter than the list (nothing is changed then)."""
         if len(computed) != len(ids) or len(scheduled) < len(ids):
             raise ValueError(f"{len(computed)} computed and {len(scheduled)} scheduled "
                              f"counts for {len(ids)} requests")
         if ids is not self._ids:  # a new list: keep the counts of those it leaves out
-            pos = dict(zip(ids, range(len(ids)), strict=True))
-            old = self._pos
-            gone = list(filterfalse(pos.__contains__, self._ids))
-            if gone:
-                at = list(map(old.__getitem__, gone))
-                was_c, was_s = self._computed_col, self._scheduled_col
-                self.computed.update(zip(gone, map(was_c.__getitem__, at), strict=True))
-                self.scheduled.update(zip(gone, map(was_s.__getitem__, at), strict=True))
-            self._pos = pos
+            old_ids = self._ids
+            if edit is not None and edit[0] is old_ids and old_ids is not _NONE:
+                pos = self._pos
+                removed = edit[1]
+                first = len(old_ids)
+                if removed:
+                    gone = list(map(old_ids.__getitem__, removed))
+                    self._fold(gone, removed)
+                    for rid in gone:
+                        pos.pop(rid, None)  # (twice the same ID: only a forged list)
+                    first = removed[0]
+                pos.update(zip(islice(ids, first, None), count(first)))
+            else:
+                pos = dict(zip(ids, range(len(ids)), strict=True))
+                gone = list(filterfalse(pos.__contains__, old_ids))
+                if gone:
+                    self._fold(gone, list(map(self._pos.__getitem__, gone)))
+                self._pos = pos
             self._ids = ids
         self._computed_col, self._scheduled_col = computed, scheduled
+
+    def _fold(self, gone: list[str], at: list[int]) -> None:
+        """The latest list's counts of ``gone`` (at positions ``at``) into the dictionaries."""
+        was_c, was_s = self._computed_col, self._scheduled_col
+        self.computed.update(zip(gone, map(was_c.__getitem__, at), strict=True))
+        self.scheduled.update(zip(gone, map(was_s.__getitem__, at), strict=True))
 
     def fold(self) -> None:
         """Every count into the dictionaries; no latest list any more."""
