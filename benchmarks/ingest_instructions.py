@@ -143,15 +143,18 @@ def replay(mode: str, path: Path, n: int) -> dict[str, Any]:
 def replay_floor(frames: list[list[bytes]], keep: bool) -> dict[str, Any]:
     """Decode; with ``keep``, each scheduled request's computed and scheduled tokens kept
     readable by request, the least way known: the latest step's lists as decoded, each
-    request's position in them built once per new list, and the counts of the requests a
-    new list leaves out moved into two dictionaries (``kvscope.state.token_counts``)."""
-    from itertools import filterfalse
+    request's position in them built once per new list (moved from the first request
+    taken out when the probe sends the list as an edit of the one before), and the counts
+    of the requests a new list leaves out moved into two dictionaries
+    (``kvscope.state.token_counts``)."""
+    from itertools import count, filterfalse, islice
 
     from kvscope_probe import wire
 
     computed: dict[str, int] = {}
     scheduled: dict[str, int] = {}
     ids: list[str] = []
+    last: list[str] = []  # the previous step's list, whatever form it came in
     pos: dict[str, int] = {}
     cols: tuple[list[int], list[int]] = ([], [])
     steps = 0
@@ -162,7 +165,13 @@ def replay_floor(frames: list[list[bytes]], keep: bool) -> dict[str, Any]:
             steps += 1
             if not keep:
                 continue
-            new = r.cached_ids
+            new = before = r.cached_ids  # the list, written out from the form it came in
+            if r.cached_same:
+                new = before = last
+            elif r.cached_removed is not None:  # the list before, edited (version 4)
+                before = last
+                new = wire.apply_cached_edit(before, r.cached_removed, new)
+            last = new
             counts = r.scheduled_counts
             if not counts:  # the dict form: every count stored
                 computed.update(zip(ids, cols[0], strict=True))
@@ -170,7 +179,15 @@ def replay_floor(frames: list[list[bytes]], keep: bool) -> dict[str, Any]:
                 ids, pos, cols = [], {}, ([], [])
                 computed.update(zip(new, r.cached_computed, strict=True))
                 scheduled.update(r.num_scheduled)
-            elif not r.cached_same:  # a new list: fold the requests it leaves out
+            elif new is not ids and r.cached_removed is not None and ids is before:
+                first = r.cached_removed[0] if r.cached_removed else len(ids)  # moved from
+                for i in r.cached_removed:  # fold the requests it takes out
+                    rid = ids[i]
+                    computed[rid], scheduled[rid] = cols[0][i], cols[1][i]
+                    del pos[rid]
+                pos.update(zip(islice(new, first, None), count(first)))
+                ids = new
+            elif new is not ids:  # a new list: fold the requests it leaves out
                 new_pos = dict(zip(new, range(len(new)), strict=True))
                 for rid in filterfalse(new_pos.__contains__, ids):
                     computed[rid] = cols[0][pos[rid]]
