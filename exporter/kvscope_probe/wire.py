@@ -394,9 +394,7 @@ def cached_edit(prev: list[str], ids: list[str], gone: Iterable[str]) -> list[in
     if not cut:
         return None
     removed = sorted(cut)
-    head = prev.copy()
-    for i in reversed(removed):
-        del head[i]
+    head = _without(prev, removed)
     return removed if ids[:len(head)] == head else None
 
 
@@ -409,11 +407,17 @@ def apply_cached_edit(prev: list[str], removed: list[int], tail: list[str]) -> l
             raise ValueError(f"cached_removed {removed[:8]} is not ascending within "
                              f"the previous list of {len(prev)}")
         last = i
-    ids = prev.copy()
-    for i in reversed(removed):
-        del ids[i]
+    ids = _without(prev, removed)
     ids += tail
     return ids
+
+
+def _without(items: list[str], positions: list[int]) -> list[str]:
+    """A copy of ``items`` without the ascending ``positions`` (both sides of the edit)."""
+    out = items.copy()
+    for i in reversed(positions):
+        del out[i]
+    return out
 
 
 def scheduled_ids(s: Step) -> list[str]:

@@ -15,6 +15,7 @@ import msgspec
 
 from kvscope.state import audit
 from kvscope.state.ledger import Ledger
+from kvscope.state.token_counts import ListEdit
 from kvscope_probe import wire
 from kvscope_probe.identity import engine_key
 
@@ -153,14 +154,14 @@ class EngineState:
             raise ValueError(f"{type(record).__name__} in an engine frame")
 
     # -- steps --------------------------------------------------------------------------
-    def _resolve(self, s: wire.Step) -> tuple[wire.Step, tuple[list[str], list[int]] | None]:
+    def _resolve(self, s: wire.Step) -> tuple[wire.Step, ListEdit | None]:
         """The step with its ``cached_ids`` written out, whichever compact form the probe
         sent (wire versions 3 and 4), and its scheduled counts checked against the requests
         they are for (the ledger applies them in place, no dict of them is built: read them
         through ``wire.scheduled_tokens_of``); remembers the list for the next. With it, the
         edit the list was rebuilt from (the previous list, the positions taken out), for
         the token counts to follow (``TokenCounts.step``); None otherwise."""
-        edit = None
+        edit: ListEdit | None = None
         if s.cached_same or s.cached_removed is not None:
             prev = self.prev_cached
             if prev is None:  # a record was missed: the list is unknown until the probe

@@ -12,7 +12,7 @@ from operator import itemgetter
 import numpy as np
 
 from kvscope.state.free_run import ALL, SCAN_BELOW, LongestFreeRun
-from kvscope.state.token_counts import TokenCounts
+from kvscope.state.token_counts import ListEdit, TokenCounts
 from kvscope_probe import wire
 
 _FREE_MAX = wire.STATE_CACHED  # states <= this are free (cached ones are evictable)
@@ -249,8 +249,7 @@ class Ledger:
             self._count_nulls(table, -1)
         self.counts.drop(req_id)
 
-    def apply_tables(self, s: wire.Step,
-                     edit: tuple[list[str], list[int]] | None = None) -> None:
+    def apply_tables(self, s: wire.Step, edit: ListEdit | None = None) -> None:
         """One step's changes to the running requests' tables and token counts; ``edit``:
         how ``s.cached_ids`` was made from the list before (``TokenCounts.step``)."""
         tables = self.tables

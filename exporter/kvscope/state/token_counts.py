@@ -25,6 +25,10 @@ import numpy as np
 
 _NONE: list[str] = []
 
+ListEdit = tuple[list[str], list[int]]
+"""How a step's list was made from the one before: that list, and the positions taken out
+of it (ascending) before the new requests were appended (``Step.cached_removed``)."""
+
 
 class TokenCounts:
     """Computed tokens of each request when it was last scheduled, and the tokens
@@ -54,7 +58,7 @@ class TokenCounts:
 
     # -- writes -------------------------------------------------------------------------
     def step(self, ids: list[str], computed: Sequence[int], scheduled: Sequence[int],
-             edit: tuple[list[str], list[int]] | None = None) -> None:
+             edit: ListEdit | None = None) -> None:
         """A step's counts of the requests it scheduled again: ``computed[i]`` and
         ``scheduled[i]`` are ``ids[i]``'s (``scheduled`` may be longer). ``edit``: ``ids``
         is ``edit[0]`` without the positions ``edit[1]`` (ascending), then new requests
