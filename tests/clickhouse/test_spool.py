@@ -65,3 +65,48 @@ def test_names_that_are_not_batches_are_ignored(tmp_path: Path) -> None:
     assert SpooledBatch.parse("1.t.x.5.tok.batch", 3) is None
     b = SpooledBatch(7, "step_stats", 4, 12.345, "abc", 10)
     assert SpooledBatch.parse(b.filename, 10) == b
+
+
+def test_combined_batches_replace_their_parts_and_a_cut_combine_loses_and_repeats_nothing(
+        tmp_path: Path) -> None:
+    s = Spool(str(tmp_path), max_bytes=1 << 20)
+    a = s.put("request_traces", 10, 1.0, "ta", KB)
+    other = s.put("step_stats", 1, 1.5, "to", KB)
+    b = s.put("request_traces", 20, 2.0, "tb", KB)
+    head = s.take()
+    assert head == a
+    parts = s.after(head)
+    assert parts == [a, b]  # its table's batches only, oldest first
+    assert a is not None and b is not None and other is not None
+    whole = s.combine(parts, KB * 2)
+    assert whole.covers == (a.seq, b.seq) and whole.rows == 30 and whole.created == 1.0
+    assert s.take() == whole  # in the head's place, before the other table's batch
+    assert s.pending_rows() == {"request_traces": 30, "step_stats": 1}
+    assert s.bytes == 3 * 1024
+    assert sorted(p.name for p in tmp_path.glob("*.batch")) == sorted(
+        [whole.filename, other.filename])
+    s.close()
+    # A combine cut short by a crash: the combined batch renamed into place, its parts (and
+    # a batch of another table numbered between them) still on disk.
+    for p, payload in ((a, KB), (b, KB)):
+        (tmp_path / p.filename).write_bytes(payload)
+    later = SpooledBatch(whole.seq + 1, "request_traces", 5, 3.0, "tl", 1024)
+    (tmp_path / later.filename).write_bytes(KB)
+    s = Spool(str(tmp_path), max_bytes=1 << 20)
+    assert list(s._batches.values()) == [other, whole, later]  # the parts deleted unread
+    assert not (tmp_path / a.filename).exists() and not (tmp_path / b.filename).exists()
+    assert s.pending_rows() == {"request_traces": 35, "step_stats": 1}
+    s.close()
+
+
+def test_batches_being_combined_are_never_dropped(tmp_path: Path) -> None:
+    s = Spool(str(tmp_path), max_bytes=3 * 1024, policy="drop_oldest")
+    a = s.put("request_traces", 5, 1.0, "t1", KB)
+    s.put("request_events", 7, 2.0, "t2", KB)
+    b = s.put("request_traces", 5, 3.0, "t3", KB)
+    head = s.take()
+    assert head is not None and s.after(head) == [a, b]
+    s.put("request_traces", 5, 4.0, "t4", KB)  # room made by the other table's batch
+    assert s.dropped_rows() == {"request_events": 7}
+    assert s.combine([a, b], KB).rows == 10  # type: ignore[list-item]
+    s.close()

@@ -4,21 +4,29 @@ Each batch is one file, written to ``*.tmp``, fsynced and renamed, so a file eit
 whole batch or does not exist. Its name carries everything needed to replay it after a
 restart without opening it: ``<seq>.<table>.<rows>.<created_ms>.<token>.batch``. The spool
 is bounded in bytes; when a batch does not fit, ``drop_oldest`` deletes the oldest batches
-(never the one being sent) and ``drop_newest`` refuses the incoming one; either way every
+(never one being sent) and ``drop_newest`` refuses the incoming one; either way every
 dropped row is counted by table. One process owns a spool directory (an flock on ``LOCK``).
+
+``combine`` replaces consecutive batches of one table by one batch holding them all, so the
+store takes them in one insert: the new batch's file is written and renamed first, and its
+token names the sequence numbers it covers (``<hex>-<first>-<last>``), so a crash before the
+batches it replaced are deleted leaves them covered: the next start deletes them unread.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import re
 import threading
+import uuid
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Literal
 
 FullPolicy = Literal["drop_oldest", "drop_newest"]
 SUFFIX = ".batch"
+_COVERS = re.compile(r"[0-9a-f]{32}-([0-9]+)-([0-9]+)")
 
 
 class SpoolLockedError(RuntimeError):
@@ -35,6 +43,14 @@ class SpooledBatch:
     token: str
     """insert_deduplication_token: the same on every attempt, across restarts."""
     size: int
+
+    @property
+    def covers(self) -> tuple[int, int] | None:
+        """The first and last sequence numbers of the batches this one replaced
+        (``Spool.combine``), its table's batches between them included; None for a batch
+        as sealed."""
+        m = _COVERS.fullmatch(self.token)
+        return (int(m[1]), int(m[2])) if m else None
 
     @property
     def filename(self) -> str:
@@ -69,7 +85,7 @@ class Spool:
             self._lockfile.close()
             raise SpoolLockedError(f"spool {directory} is in use by another process") from None
         self._batches: OrderedDict[int, SpooledBatch] = OrderedDict()
-        self._inflight: int | None = None
+        self._inflight: set[int] = set()
         self.bytes = 0
         for name in sorted(os.listdir(directory)):
             path = os.path.join(directory, name)
@@ -79,6 +95,12 @@ class Spool:
                 self._batches[b.seq] = b
                 self.bytes += b.size
         self._next_seq = max(self._batches, default=0) + 1
+        for b in list(self._batches.values()):
+            if b.covers is not None and b.seq in self._batches:  # a combine cut short
+                first, last = b.covers
+                for old in [o for o in self._batches.values() if o.table == b.table
+                            and first <= o.seq <= last and o.seq != b.seq]:
+                    self._forget(old)
 
     # -- writing (the batching thread) -------------------------------------------------
     def put(self, table: str, rows: int, created: float, token: str,
@@ -92,6 +114,14 @@ class Spool:
                 return None
             batch = SpooledBatch(self._next_seq, table, rows, created, token, size)
             self._next_seq += 1
+        self._write(batch, payload)
+        with self.lock:
+            self._batches[batch.seq] = batch
+            self.bytes += size
+        return batch
+
+    def _write(self, batch: SpooledBatch, payload: bytes | memoryview) -> None:
+        """``batch``'s file, whole or not at all: written aside, fsynced, renamed."""
         path = os.path.join(self.dir, batch.filename)
         try:
             with open(path + ".tmp", "wb") as f:
@@ -105,10 +135,6 @@ class Spool:
             raise
         if self.fsync:
             _fsync_dir(self.dir)
-        with self.lock:
-            self._batches[batch.seq] = batch
-            self.bytes += size
-        return batch
 
     def _make_room(self, size: int) -> bool:
         if size > self.max_bytes:
@@ -116,7 +142,8 @@ class Spool:
         while self.bytes + size > self.max_bytes:
             if self.policy == "drop_newest":
                 return False
-            victim = next((b for s, b in self._batches.items() if s != self._inflight), None)
+            victim = next((b for s, b in self._batches.items() if s not in self._inflight),
+                          None)
             if victim is None:
                 return False
             self._forget(victim)
@@ -129,8 +156,38 @@ class Spool:
         """The oldest batch, marked in flight (not droppable) until done() or release()."""
         with self.lock:
             b = next(iter(self._batches.values()), None)
-            self._inflight = None if b is None else b.seq
+            self._inflight = set() if b is None else {b.seq}
             return b
+
+    def after(self, head: SpooledBatch) -> list[SpooledBatch]:
+        """``head`` (the batch taken) and every batch of its table spooled after it, oldest
+        first; all marked in flight until ``done``, ``release`` or ``combine``."""
+        with self.lock:
+            out = [b for b in self._batches.values()
+                   if b.table == head.table and b.seq >= head.seq]
+            self._inflight = {b.seq for b in out}
+            return out
+
+    def combine(self, parts: list[SpooledBatch], payload: bytes) -> SpooledBatch:
+        """One batch holding ``payload`` (what ``parts`` hold) in place of ``parts``:
+        consecutive batches of one table, oldest first, taken by ``after`` and never sent.
+        Written durably before the parts are deleted; in flight, in the head's place."""
+        first, last = parts[0], parts[-1]
+        with self.lock:
+            seq = self._next_seq
+            self._next_seq += 1
+        batch = SpooledBatch(seq, first.table, sum(p.rows for p in parts), first.created,
+                             f"{uuid.uuid4().hex}-{first.seq}-{last.seq}", len(payload))
+        self._write(batch, payload)
+        with self.lock:
+            for p in parts:
+                if p.seq in self._batches:
+                    self._forget(p)
+            self._batches[seq] = batch
+            self._batches.move_to_end(seq, last=False)
+            self.bytes += batch.size
+            self._inflight = {seq}
+        return batch
 
     def read(self, batch: SpooledBatch) -> bytes:
         with open(os.path.join(self.dir, batch.filename), "rb") as f:
@@ -139,13 +196,13 @@ class Spool:
     def done(self, batch: SpooledBatch) -> None:
         """The store acknowledged the batch: forget it."""
         with self.lock:
-            self._inflight = None
+            self._inflight = set()
             if batch.seq in self._batches:
                 self._forget(batch)
 
     def release(self, batch: SpooledBatch) -> None:
         with self.lock:
-            self._inflight = None
+            self._inflight = set()
 
     def _forget(self, batch: SpooledBatch) -> None:
         del self._batches[batch.seq]
