@@ -6,6 +6,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from kvscope.rows import RequestTrace
 from kvscope.sinks.base import SinkManager
 from kvscope.sinks.metrics import SinkCollector
 from kvscope.sinks.spool import Spool, SpooledBatch
-from kvscope.store import arrow
+from kvscope.store import arrow, embedded
 from kvscope.store.sink import ClickHouseSink, Target
 from tests.clickhouse.conftest import FAST, clickhouse_connect, count
 from tests.clickhouse.rowsource import SwitchableStore, trace
@@ -294,3 +295,90 @@ def test_a_fresh_reader_sees_every_row_taken_before_it_whatever_the_batch_interv
     finally:
         assert sink.close(10)
     assert count(store, "request_traces") == 2
+
+
+def spooled_in_bursts(sink: ClickHouseSink, bursts: int, rows: int, start: int = 0) -> int:
+    """``bursts`` batches of ``rows`` traces, each written once the one before is spooled;
+    returns the next row number."""
+    i = start
+    for _ in range(bursts):
+        for _ in range(rows):
+            sink.write("request_traces", trace(i))
+            i += 1
+        wait_until("a batch spooled", lambda: sink.stats().queued_rows == 0, 30)
+    return i
+
+
+
+def counting_sends(monkeypatch: pytest.MonkeyPatch,
+                   lost_answer: Callable[[ClickHouseSink], object] | None = None
+                   ) -> list[SpooledBatch]:
+    """Every batch the sinks made from now on send, in order. With ``lost_answer``, the
+    first insert lands in the store, then ``lost_answer(sink)`` runs and the sender sees an
+    error."""
+    sent: list[SpooledBatch] = []
+    send = ClickHouseSink._send
+
+    def spy(self: ClickHouseSink, batch: SpooledBatch, payload: bytes, attempt: int) -> None:
+        sent.append(batch)
+        send(self, batch, payload, attempt)
+        if lost_answer is not None and len(sent) == 1:
+            lost_answer(self)
+            raise OperationalError("the answer was lost")
+
+    monkeypatch.setattr(ClickHouseSink, "_send", spy)
+    return sent
+
+
+def test_a_tables_spooled_batches_go_to_the_store_as_one_insert(
+        store: Any, database: str, chdb_dsn: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each batch is on disk after the batch interval; the store takes them together once the
+    insert interval has passed (or a flush asks), each row once."""
+    sent = counting_sends(monkeypatch)
+    sink = sink_for(chdb_dsn, database, tmp_path / "spool",
+                    options=replace(FAST, insert_interval_s=600.0))
+    n = spooled_in_bursts(sink, 5, 200)
+    assert len(sink.spool) == 5 and sent == []  # durable, waiting for the interval
+    assert sink.flush(30)
+    assert [(b.rows, b.covers is not None) for b in sent] == [(1000, True)]
+    assert sink.stats().rows_written["request_traces"] == 1000
+    sink.delivery.opt = replace(sink.delivery.opt, insert_interval_s=1.0)
+    n = spooled_in_bursts(sink, 3, 100, n)  # then nothing asks: the interval passes
+    wait_until("rows delivered", lambda: sink.stats().rows_written["request_traces"] == n, 60)
+    assert sum(b.rows for b in sent) == n
+    assert sink.close(10)
+    assert store.query("SELECT count(), uniqExact(request_id) FROM request_traces"
+                       ).result_rows[0] == (n, n)
+
+
+@pytest.mark.parametrize("before", ["spooled by a process that died", "its answer lost"])
+def test_a_batch_the_store_may_hold_is_sent_again_alone_with_its_token(
+        before: str, store: Any, database: str, chdb_dsn: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Never inside a new combined batch: its rows would then be stored twice."""
+    n = 0
+    if before == "spooled by a process that died":
+        n = 300
+        spool = Spool(str(tmp_path / "spool"))
+        spool.put("request_traces", n, time.time(), "from-before",
+                  arrow.encode("request_traces", [trace(i) for i in range(n)]))
+        spool.close()
+    gate = threading.Event()  # the store is reached once the batches are spooled
+
+    def connect() -> Any:
+        gate.wait(30)
+        return embedded.connect(chdb_dsn, True)
+
+    more = 100 if before == "its answer lost" else 0  # spooled while the sender backs off
+    sent = counting_sends(monkeypatch, lambda sink: spooled_in_bursts(sink, 1, more, n + 200))
+    sink = sink_for(chdb_dsn, database, tmp_path / "spool", connect=connect,
+                    options=replace(FAST, insert_interval_s=600.0))
+    n = spooled_in_bursts(sink, 2, 100, n) + more
+    gate.set()
+    assert sink.flush(30)
+    assert sent[0].token == sent[1].token and sent[0].rows == sent[1].rows
+    assert sum(b.rows for b in sent[1:]) == n
+    assert sink.close(10)
+    assert store.query("SELECT count(), uniqExact(request_id) FROM request_traces"
+                       ).result_rows[0] == (n, n)

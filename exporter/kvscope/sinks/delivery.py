@@ -10,6 +10,13 @@ the delete leaves the batch spooled: it is sent again at the next start with the
 token, and the store discards the repeat. Rows still in memory (at most one batch interval
 plus a tick) are not acknowledged: ``flush()`` returns once they are spooled and, within its
 timeout, delivered.
+
+With ``insert_interval_s`` and a ``combine``, a table's spooled batches wait until the
+oldest one's first row is that old, then go to the store as one batch (``Spool.combine``,
+written durably before the batches it replaces are deleted): an insert costs the embedded
+store the same whatever its rows, and rows still become durable every ``batch_interval_s``.
+Only batches this process spooled and never tried to send are combined, so a batch the store
+may already hold keeps its token; a ``flush()`` sends what waits at once.
 """
 
 from __future__ import annotations
@@ -37,6 +44,11 @@ Send = Callable[[SpooledBatch, bytes, int], None]
 """Delivers one batch (its spooled bytes, the attempt number from 0); raises on failure."""
 Check = Callable[[], None]
 """Reaches the store without sending rows (connect, a trivial query); raises on failure."""
+Combine = Callable[[list[bytes]], bytes]
+"""One payload holding the rows of several payloads of one table, in order; raises when
+they cannot be one (different columns)."""
+MAX_COMBINED_BYTES = 32 << 20
+"""Batches are combined up to this many bytes (one insert's payload, held in memory)."""
 
 
 @dataclass
@@ -51,9 +63,14 @@ class Delivery:
     def __init__(self, name: str, tables: list[str], encode: Encode, send: Send, spool: Spool,
                  options: DeliveryOptions, *,
                  describe: Callable[[BaseException], str] = repr,
-                 check: Check | None = None) -> None:
+                 check: Check | None = None, combine: Combine | None = None) -> None:
         self.name, self.encode, self.send, self.spool, self.opt = name, encode, send, spool, options
         self.describe, self.check = describe, check
+        self.combine = combine if options.insert_interval_s > 0 else None
+        self._unsent: set[int] = set()
+        """Batches this process spooled and has not tried to send: the ones it may combine
+        (set by the batching thread, read and emptied by the sending one)."""
+        self._flushing = 0
         self.queues: dict[str, deque[Any]] = {t: deque() for t in tables}
         self.buffers: dict[str, _Buffer] = {t: _Buffer() for t in tables}
         # Each counter has one writing thread, and every table's key exists from the start,
@@ -142,13 +159,15 @@ class Delivery:
             self.batch_dropped[table] += len(rows)
             return True
         try:
-            self.spool.put(table, len(rows), since, uuid.uuid4().hex, payload)
+            batch = self.spool.put(table, len(rows), since, uuid.uuid4().hex, payload)
         except OSError as exc:
             self.spool_errors += 1
             self.last_error = f"spool: {exc}"
             log.error("%s: cannot spool %d %s rows (%s); will retry", self.name, len(rows),
                       table, exc)
             return False
+        if batch is not None:
+            self._unsent.add(batch.seq)
         self._spooled.set()
         return True
 
@@ -168,6 +187,14 @@ class Delivery:
                 continue
             if self.check:
                 look_at = time.monotonic() + self.opt.check_interval_s
+            wait = self._wait_s(batch)
+            if wait > 0:  # a flush() or a newly spooled batch looks again sooner
+                self.spool.release(batch)
+                self._spooled.wait(min(0.5, wait))
+                self._spooled.clear()
+                continue
+            batch = self._combined(batch)
+            self._unsent.discard(batch.seq)  # tried from now on: never combined again
             tries = attempts[1] if attempts[0] == batch.seq else 0
             try:
                 self.send(batch, self.spool.read(batch), tries)
@@ -189,6 +216,39 @@ class Delivery:
             self.spool.done(batch)
             self.written[batch.table] += batch.rows
             self._reached(backoff)
+
+    def _wait_s(self, head: SpooledBatch) -> float:
+        """Seconds the oldest batch waits for more of its table to join it."""
+        if (self.combine is None or head.seq not in self._unsent or self._flushing
+                or self._stop.is_set()):
+            return 0.0
+        return head.created + self.opt.insert_interval_s - time.time()
+
+    def _combined(self, head: SpooledBatch) -> SpooledBatch:
+        """``head`` with the batches of its table spooled after it and never sent, as one
+        (up to ``MAX_COMBINED_BYTES``); ``head`` alone when there is nothing to join or
+        they cannot be joined."""
+        if self.combine is None or head.seq not in self._unsent:
+            return head
+        parts: list[SpooledBatch] = []
+        size = 0
+        for b in self.spool.after(head):
+            if b.seq not in self._unsent or (parts and size + b.size > MAX_COMBINED_BYTES):
+                break
+            parts.append(b)
+            size += b.size
+        if len(parts) < 2:
+            return head
+        try:
+            batch = self.spool.combine(parts, self.combine([self.spool.read(b) for b in parts]))
+        except Exception as exc:  # noqa: BLE001 - sent one by one, as sealed
+            self.spool_errors += 1
+            log.error("%s: cannot combine %d %s batches (%s); sending them one by one",
+                      self.name, len(parts), head.table, self.describe(exc))
+            return head
+        for b in parts:
+            self._unsent.discard(b.seq)
+        return batch
 
     def _look(self, backoff: Backoff) -> float:
         """Reach the store with no batch to send (at start, on an idle night, and while it
@@ -222,15 +282,23 @@ class Delivery:
         deadline = time.monotonic() + timeout_s
         with self._cv:
             self._asked += 1
+            self._flushing += 1  # nothing waits to be combined meanwhile
             asked = self._asked
+        try:
             self._wake.set()
-            while self._sealed < asked and self._threads[0].is_alive():
-                left = deadline - time.monotonic()
-                if left <= 0 or not self._cv.wait(left):
-                    return False
-        while len(self.spool) and time.monotonic() < deadline and self._threads[1].is_alive():
-            time.sleep(0.005)
-        return not len(self.spool)
+            self._spooled.set()
+            with self._cv:
+                while self._sealed < asked and self._threads[0].is_alive():
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not self._cv.wait(left):
+                        return False
+            while (len(self.spool) and time.monotonic() < deadline
+                   and self._threads[1].is_alive()):
+                time.sleep(0.005)
+            return not len(self.spool)
+        finally:
+            with self._cv:
+                self._flushing -= 1
 
     def close(self, timeout_s: float) -> bool:
         """Flush within the timeout and stop; what is undelivered stays spooled."""

@@ -15,6 +15,10 @@ class DeliveryOptions:
     """Seal a table's batch at this many rows."""
     batch_interval_s: float = 1.0
     """...or when its first row is this old."""
+    insert_interval_s: float = 0.0
+    """A table's spooled batches wait until the oldest one's first row is this old and go
+    to the store as one insert (where the sink can combine them); 0: each batch as soon as
+    it is spooled."""
     max_queue_rows: int = 200_000
     """Rows of one table held in memory before they reach the spool; more are dropped and
     counted (only when the disk cannot keep up)."""
@@ -36,6 +40,8 @@ class DeliveryOptions:
             errors.append("batch_rows must be at least 1")
         if self.batch_interval_s <= 0:
             errors.append("batch_interval_s must be positive")
+        if self.insert_interval_s < 0:
+            errors.append("insert_interval_s must not be negative")
         if self.max_queue_rows < self.batch_rows:
             errors.append("max_queue_rows must be at least batch_rows")
         if self.spool_max_bytes < 1 << 16:

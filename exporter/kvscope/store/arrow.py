@@ -83,6 +83,23 @@ def encode(table: str, rows: Sequence[Any]) -> pa.Buffer:
     return sink.getvalue()
 
 
+def concat(payloads: Sequence[bytes | pa.Buffer]) -> pa.Buffer:
+    """One Arrow IPC file holding the record batches of ``payloads`` (files of ``encode``,
+    one table's), in order, without decoding a row; raises ``ValueError`` when their
+    columns differ (batches spooled by versions with other columns)."""
+    readers = [pa.ipc.open_file(pa.py_buffer(p)) for p in payloads]
+    schema = readers[0].schema
+    for r in readers[1:]:
+        if not r.schema.equals(schema):
+            raise ValueError(f"columns differ: {schema.names} and {r.schema.names}")
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, schema) as writer:
+        for r in readers:
+            for i in range(r.num_record_batches):
+                writer.write_batch(r.get_batch(i))
+    return sink.getvalue()
+
+
 def warm(tables: Sequence[str]) -> None:
     """Encode an empty batch of each table: pyarrow imports pandas (~400 modules, ~0.2 s of
     CPU) at its first conversion from numpy, and that should happen as the sidecar starts,

@@ -120,7 +120,8 @@ class ClickHouseSink:
         arrow.warm(sorted(self.tables))
         self.delivery = Delivery(self.name, sorted(self.tables), arrow.encode, self._send,
                                  self.spool, self.options, describe=self.describe,
-                                 check=self._check)
+                                 check=self._check,
+                                 combine=lambda payloads: arrow.concat(payloads).to_pybytes())
         self.delivery.start()
 
     # -- the Sink protocol ---------------------------------------------------------------
