@@ -1,7 +1,8 @@
-"""The embedded store's CPU by thread, busy and idle, with and without kvscope's chDB options.
+"""The embedded store's CPU by thread, busy and idle: as the sidecar opens it and inserts, or not.
 
     python benchmarks/store_background.py [--frames FILE | --running 256 --steps 6000]
-        [--rate 281] [--batch-interval 5] [--busy-s 30] [--idle-s 30] [--rounds 2] [--out DIR]
+        [--rate 281] [--batch-interval 5] [--busy-s 30] [--idle-s 30] [--rounds 2]
+        [--variants embedded each default] [--out DIR]
 
 One engine's recorded frames (``ingest_instructions``'s recording, or ``--frames``) are
 replayed through the ``Hub`` and the request tracker once, their rows kept by table. Each
@@ -11,10 +12,15 @@ default, 5 s) and hands it those rows at the recording's step rate (``--rate``, 
 a second: what one engine at 256 running steps live here) for ``--busy-s``, then nothing
 for ``--idle-s``. Per window: the CPU of
 every thread of the process by name (``/proc/self/task/*/schedstat``, nanoseconds) and
-how often each woke (its voluntary context switches), in ms of CPU and wake-ups a second.
+how often each woke (its voluntary context switches), in ms of CPU and wake-ups a second;
+the busy window ends once every row handed over is in the store (a ``flush``), its CPU
+divided by the seconds rows were handed over.
 Variants, alternated over ``--rounds``: ``embedded`` opens chDB with
-``kvscope.store.embedded.EMBEDDED_OPTIONS`` and inserts with its ``INSERT_SETTINGS`` (as
-the sidecar does), ``default`` with neither.
+``kvscope.store.embedded.EMBEDDED_OPTIONS``, inserts with its ``INSERT_SETTINGS`` and
+combines a table's spooled batches into one insert every
+``kvscope.sidecar.config.EMBEDDED_INSERT_INTERVAL_S`` (30 s), as the sidecar does; ``each``
+the same but inserts each batch as it is spooled (the sidecar before the eighteenth pass);
+``default`` opens and inserts with chDB's defaults, each batch as it is spooled.
 A report, never an assertion.
 """
 
@@ -88,6 +94,7 @@ def child(path: Path, variant: str, busy_s: float, idle_s: float, rate: float,
           interval_s: float) -> dict[str, Any]:
     import kvscope.store.embedded as embedded
     from kvscope.rows import table_of
+    from kvscope.sidecar.config import EMBEDDED_INSERT_INTERVAL_S
     from kvscope.sinks.options import DeliveryOptions
     from kvscope.store.sink import ClickHouseSink
 
@@ -97,8 +104,10 @@ def child(path: Path, variant: str, busy_s: float, idle_s: float, rate: float,
     rows, steps = rows_of(path)
     per_s = len(rows) / steps * rate
     home = Path(tempfile.mkdtemp(prefix="kvscope-store-bg-"))
+    insert_s = EMBEDDED_INSERT_INTERVAL_S if variant == "embedded" else 0.0
     sink = ClickHouseSink(f"chdb://{home / 'chdb'}", spool_dir=str(home / "spool"),
-                          options=DeliveryOptions(batch_interval_s=interval_s))
+                          options=DeliveryOptions(batch_interval_s=interval_s,
+                                                  insert_interval_s=insert_s))
     sink.client()  # opened and the schema applied, as kvscope serve does at start
     time.sleep(1.0)
     out: dict[str, Any] = {"variant": variant, "rows_per_s": per_s}
@@ -109,9 +118,10 @@ def child(path: Path, variant: str, busy_s: float, idle_s: float, rate: float,
             sink.write(table_of(row), row)
             sent = i + 1
         time.sleep(0.1)
-    out["busy"] = window(before, time.monotonic() - t0)
+    seconds = time.monotonic() - t0
+    sink.flush(60.0)  # the window's rows all inserted, whatever the insert interval
+    out["busy"] = window(before, seconds)
     out["busy"]["rows"] = sink.stats().rows_written
-    sink.flush(10.0)
     before, t0 = reading(), time.monotonic()
     time.sleep(idle_s)
     out["idle"] = window(before, time.monotonic() - t0)
@@ -138,6 +148,8 @@ def main() -> None:
     p.add_argument("--busy-s", type=float, default=30.0)
     p.add_argument("--idle-s", type=float, default=30.0)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--variants", nargs="+", default=["embedded", "each"],
+                   choices=["embedded", "each", "default"])
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="kvscope-store-bg-"))
@@ -146,7 +158,7 @@ def main() -> None:
     results = []
     print("variant    window  ms CPU/s  by thread (ms/s, wake-ups/s)")
     for _ in range(args.rounds):
-        for variant in ("embedded", "default"):
+        for variant in args.variants:
             proc = subprocess.run(
                 [sys.executable, str(Path(__file__)), "--child", str(path), variant,
                  str(args.busy_s), str(args.idle_s), str(args.rate), str(args.batch_interval)],

@@ -96,6 +96,12 @@ SETTINGS: tuple[Setting, ...] = (
             "the store (at 1 the embedded chDB's threads used four times the CPU); rows reach "
             "the store up to this late (the sidecar's own readers, explain's API and the layout "
             "history, first deliver what it holds)"),
+    Setting("clickhouse_insert_interval_s", "KVSCOPE_CLICKHOUSE_INSERT_INTERVAL_S",
+            "--clickhouse-insert-interval", float, None, "`30` embedded, `0` a server",
+            "seconds a table's spooled batches wait to go into the store as one insert (rows "
+            "are on disk every batch interval meanwhile); the embedded store's inserts cost "
+            "the sidecar's own CPU, about the same whatever their rows, and its readers go "
+            "through the sidecar, which delivers first; `0`: each batch at once"),
     Setting("data_dir", "KVSCOPE_DATA_DIR", "--data-dir", str, default_data_dir,
             "`~/.local/share/kvscope`", "embedded store and the on-disk spool"),
     Setting("layout_interval_s", "KVSCOPE_LAYOUT_INTERVAL_S", "--layout-interval", float,

@@ -57,3 +57,18 @@ def test_the_clickhouse_batch_interval_reaches_the_sink(tmp_path: object) -> Non
         with pytest.raises(ConfigError) as exc:
             from_sources({}, env={"KVSCOPE_CLICKHOUSE_BATCH_INTERVAL_S": bad})
         assert any("batch interval" in e for e in exc.value.errors)
+
+
+def test_the_embedded_store_inserts_every_30_s_unless_told_and_a_server_at_once(
+        tmp_path: object) -> None:
+    """Its inserts cost the sidecar's own CPU and its readers go through the sidecar; a
+    server's readers (Grafana) read the server."""
+    assert ServeConfig(data_dir=str(tmp_path)).store_insert_interval_s() == 30.0
+    assert ServeConfig(clickhouse_dsn="http://127.0.0.1:9").store_insert_interval_s() == 0.0
+    cfg = from_sources({"data_dir": str(tmp_path)},
+                       env={"KVSCOPE_CLICKHOUSE_INSERT_INTERVAL_S": "12"})
+    assert cfg.store_insert_interval_s() == 12.0
+    for bad in ("-1", "601"):
+        with pytest.raises(ConfigError) as exc:
+            from_sources({}, env={"KVSCOPE_CLICKHOUSE_INSERT_INTERVAL_S": bad})
+        assert any("insert interval" in e for e in exc.value.errors)

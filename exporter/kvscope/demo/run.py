@@ -53,8 +53,9 @@ def launch_sidecar(endpoint: str, port: int, workdir: Path,
            "--port", str(port), "--log-level", "warning",
            "--decision-log", str(workdir / "decisions.jsonl"), "--data-dir", str(workdir),
            "--clickhouse-dsn", f"chdb://{workdir / 'chdb'}",
-           # the findings are read seconds after the run: rows gathered a second at a time
-           "--clickhouse-batch-interval", "1"]
+           # the findings are read seconds after the run: rows gathered and inserted a
+           # second at a time
+           "--clickhouse-batch-interval", "1", "--clickhouse-insert-interval", "1"]
     if vllm_url:
         cmd += ["--vllm-url", vllm_url, "--vllm-scrape-interval", "1"]
     # The flags say everything; a KVSCOPE_TOKEN or TLS setting meant for a production

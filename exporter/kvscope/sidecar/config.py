@@ -23,6 +23,11 @@ from kvscope_probe.transport import (
 
 MIN_HEALTH_TIMEOUT_S = 4.0
 """Twice kvscope_probe.sender.HEARTBEAT_S."""
+EMBEDDED_INSERT_INTERVAL_S = 30.0
+"""The embedded store's insert interval unless set: each insert costs its CPU about the same
+whatever its rows (benchmarks/README.md, "eighteenth pass"), and what reads it is the
+sidecar, which delivers what waits before it reads. A server's readers (Grafana) read it
+directly, and its inserts cost the server, not the sidecar: each batch goes at once."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,7 @@ class ServeConfig:
     clickhouse_dsn: str | None = field(default=default("clickhouse_dsn"), repr=False)
     clickhouse_ttl_days: int = default("clickhouse_ttl_days")
     clickhouse_batch_interval_s: float = default("clickhouse_batch_interval_s")
+    clickhouse_insert_interval_s: float | None = default("clickhouse_insert_interval_s")
     data_dir: str = field(default_factory=lambda: default("data_dir"))
     loki_url: str | None = field(default=default("loki_url"), repr=False)
     loki_tenant: str | None = default("loki_tenant")
@@ -63,6 +69,14 @@ class ServeConfig:
     def store_dsn(self) -> str | None:
         """The ClickHouse DSN to write to, None when the store is off."""
         return store_dsn(self.clickhouse_dsn, self.data_dir)
+
+    def store_insert_interval_s(self) -> float:
+        """Seconds a table's spooled batches wait to go to the store as one insert:
+        ``EMBEDDED_INSERT_INTERVAL_S`` for the embedded store unless set, else none."""
+        if self.clickhouse_insert_interval_s is not None:
+            return self.clickhouse_insert_interval_s
+        dsn = self.store_dsn()
+        return EMBEDDED_INSERT_INTERVAL_S if dsn and dsn.startswith("chdb://") else 0.0
 
     def validate(self) -> None:
         errors: list[str] = []
@@ -107,6 +121,8 @@ class ServeConfig:
             errors.append("ClickHouse TTL must be at least 1 day")
         if not 0.1 <= self.clickhouse_batch_interval_s <= 60:
             errors.append("ClickHouse batch interval must be between 0.1 and 60 seconds")
+        if not 0 <= self.store_insert_interval_s() <= 600:
+            errors.append("ClickHouse insert interval must be between 0 and 600 seconds")
         if not 0.05 <= self.layout_interval_s <= 3600:
             errors.append("layout interval must be between 0.05 and 3600 seconds")
         if not 0.05 <= self.layout_store_interval_s <= 86400:

@@ -162,7 +162,8 @@ def open_sinks(cfg: ServeConfig) -> tuple[SinkManager, ClickHouseSink | None]:
         return sinks, None
     store = ClickHouseSink(
         dsn, ttl_days=cfg.clickhouse_ttl_days, spool_dir=f"{cfg.data_dir}/spool",
-        options=DeliveryOptions(batch_interval_s=cfg.clickhouse_batch_interval_s))
+        options=DeliveryOptions(batch_interval_s=cfg.clickhouse_batch_interval_s,
+                                insert_interval_s=cfg.store_insert_interval_s()))
     if dsn.startswith("chdb://"):
         # An embedded store that cannot open (another process holds the directory) is a
         # configuration error: say so now instead of spooling forever.
