@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -382,3 +383,23 @@ def test_a_batch_the_store_may_hold_is_sent_again_alone_with_its_token(
     assert sink.close(10)
     assert store.query("SELECT count(), uniqExact(request_id) FROM request_traces"
                        ).result_rows[0] == (n, n)
+
+
+def test_batches_waiting_to_be_combined_go_at_once_when_the_clock_goes_back(
+        store: Any, database: str, chdb_dsn: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wait is never longer than the insert interval: an hour back on the wall clock
+    must not hold the rows an hour."""
+    sink = sink_for(chdb_dsn, database, tmp_path / "spool",
+                    options=replace(FAST, insert_interval_s=600.0))
+    spooled_in_bursts(sink, 2, 100)
+    import kvscope.sinks.delivery as delivery
+
+    wall = time.time
+    monkeypatch.setattr(delivery, "time", SimpleNamespace(
+        time=lambda: wall() - 3600, monotonic=time.monotonic, sleep=time.sleep))
+    sink.delivery._spooled.set()  # as the next spooled batch would
+    wait_until("rows delivered", lambda: sink.stats().rows_written["request_traces"] == 200,
+               30)
+    assert sink.close(10)
+    assert count(store, "request_traces") == 200

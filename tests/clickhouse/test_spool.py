@@ -78,8 +78,10 @@ def test_combined_batches_replace_their_parts_and_a_cut_combine_loses_and_repeat
     parts = s.after(head)
     assert parts == [a, b]  # its table's batches only, oldest first
     assert a is not None and b is not None and other is not None
+    assert all(s.is_fresh(x) for x in (a, b, other))  # spooled here, never sent
     whole = s.combine(parts, KB * 2)
     assert whole.covers == (a.seq, b.seq) and whole.rows == 30 and whole.created == 1.0
+    assert not s.is_fresh(whole)  # made to be sent at once
     assert s.take() == whole  # in the head's place, before the other table's batch
     assert s.pending_rows() == {"request_traces": 30, "step_stats": 1}
     assert s.bytes == 3 * 1024
@@ -94,6 +96,7 @@ def test_combined_batches_replace_their_parts_and_a_cut_combine_loses_and_repeat
     (tmp_path / later.filename).write_bytes(KB)
     s = Spool(str(tmp_path), max_bytes=1 << 20)
     assert list(s._batches.values()) == [other, whole, later]  # the parts deleted unread
+    assert not any(s.is_fresh(x) for x in (other, whole, later))  # the store may hold them
     assert not (tmp_path / a.filename).exists() and not (tmp_path / b.filename).exists()
     assert s.pending_rows() == {"request_traces": 35, "step_stats": 1}
     s.close()
@@ -109,4 +112,8 @@ def test_batches_being_combined_are_never_dropped(tmp_path: Path) -> None:
     s.put("request_traces", 5, 4.0, "t4", KB)  # room made by the other table's batch
     assert s.dropped_rows() == {"request_events": 7}
     assert s.combine([a, b], KB).rows == 10  # type: ignore[list-item]
+    fresh = s.put("request_traces", 1, 5.0, "t5", KB)
+    assert fresh is not None and s.is_fresh(fresh)
+    s.tried(fresh)
+    assert not s.is_fresh(fresh)
     s.close()

@@ -67,9 +67,6 @@ class Delivery:
         self.name, self.encode, self.send, self.spool, self.opt = name, encode, send, spool, options
         self.describe, self.check = describe, check
         self.combine = combine if options.insert_interval_s > 0 else None
-        self._unsent: set[int] = set()
-        """Batches this process spooled and has not tried to send: the ones it may combine
-        (set by the batching thread, read and emptied by the sending one)."""
         self._flushing = 0
         self.queues: dict[str, deque[Any]] = {t: deque() for t in tables}
         self.buffers: dict[str, _Buffer] = {t: _Buffer() for t in tables}
@@ -159,15 +156,13 @@ class Delivery:
             self.batch_dropped[table] += len(rows)
             return True
         try:
-            batch = self.spool.put(table, len(rows), since, uuid.uuid4().hex, payload)
+            self.spool.put(table, len(rows), since, uuid.uuid4().hex, payload)
         except OSError as exc:
             self.spool_errors += 1
             self.last_error = f"spool: {exc}"
             log.error("%s: cannot spool %d %s rows (%s); will retry", self.name, len(rows),
                       table, exc)
             return False
-        if batch is not None:
-            self._unsent.add(batch.seq)
         self._spooled.set()
         return True
 
@@ -190,11 +185,11 @@ class Delivery:
             wait = self._wait_s(batch)
             if wait > 0:  # a flush() or a newly spooled batch looks again sooner
                 self.spool.release(batch)
-                self._spooled.wait(min(0.5, wait))
+                self._spooled.wait(wait)
                 self._spooled.clear()
                 continue
             batch = self._combined(batch)
-            self._unsent.discard(batch.seq)  # tried from now on: never combined again
+            self.spool.tried(batch)  # the store may hold it from now on: never combined
             tries = attempts[1] if attempts[0] == batch.seq else 0
             try:
                 self.send(batch, self.spool.read(batch), tries)
@@ -218,22 +213,24 @@ class Delivery:
             self._reached(backoff)
 
     def _wait_s(self, head: SpooledBatch) -> float:
-        """Seconds the oldest batch waits for more of its table to join it."""
-        if (self.combine is None or head.seq not in self._unsent or self._flushing
+        """Seconds the oldest batch waits for more of its table to join it (none if the
+        clock went back past its first row)."""
+        if (self.combine is None or not self.spool.is_fresh(head) or self._flushing
                 or self._stop.is_set()):
             return 0.0
-        return head.created + self.opt.insert_interval_s - time.time()
+        left = head.created + self.opt.insert_interval_s - time.time()
+        return left if 0 < left <= self.opt.insert_interval_s else 0.0
 
     def _combined(self, head: SpooledBatch) -> SpooledBatch:
         """``head`` with the batches of its table spooled after it and never sent, as one
         (up to ``MAX_COMBINED_BYTES``); ``head`` alone when there is nothing to join or
         they cannot be joined."""
-        if self.combine is None or head.seq not in self._unsent:
+        if self.combine is None or not self.spool.is_fresh(head):
             return head
         parts: list[SpooledBatch] = []
         size = 0
         for b in self.spool.after(head):
-            if b.seq not in self._unsent or (parts and size + b.size > MAX_COMBINED_BYTES):
+            if not self.spool.is_fresh(b) or (parts and size + b.size > MAX_COMBINED_BYTES):
                 break
             parts.append(b)
             size += b.size
@@ -246,8 +243,6 @@ class Delivery:
             log.error("%s: cannot combine %d %s batches (%s); sending them one by one",
                       self.name, len(parts), head.table, self.describe(exc))
             return head
-        for b in parts:
-            self._unsent.discard(b.seq)
         return batch
 
     def _look(self, backoff: Backoff) -> float:

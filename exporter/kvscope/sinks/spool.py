@@ -86,6 +86,9 @@ class Spool:
             raise SpoolLockedError(f"spool {directory} is in use by another process") from None
         self._batches: OrderedDict[int, SpooledBatch] = OrderedDict()
         self._inflight: set[int] = set()
+        self._fresh: set[int] = set()
+        """Batches this process spooled (``put``) and never handed to the store (``tried``):
+        the store cannot hold them, so they may be combined under a new token."""
         self.bytes = 0
         for name in sorted(os.listdir(directory)):
             path = os.path.join(directory, name)
@@ -118,6 +121,7 @@ class Spool:
         with self.lock:
             self._batches[batch.seq] = batch
             self.bytes += size
+            self._fresh.add(batch.seq)
         return batch
 
     def _write(self, batch: SpooledBatch, payload: bytes | memoryview) -> None:
@@ -159,6 +163,15 @@ class Spool:
             self._inflight = set() if b is None else {b.seq}
             return b
 
+    def is_fresh(self, batch: SpooledBatch) -> bool:
+        """Spooled by this process and never handed to the store."""
+        return batch.seq in self._fresh
+
+    def tried(self, batch: SpooledBatch) -> None:
+        """``batch`` is being handed to the store: it may hold it from now on."""
+        with self.lock:
+            self._fresh.discard(batch.seq)
+
     def after(self, head: SpooledBatch) -> list[SpooledBatch]:
         """``head`` (the batch taken) and every batch of its table spooled after it, oldest
         first; all marked in flight until ``done``, ``release`` or ``combine``."""
@@ -170,8 +183,8 @@ class Spool:
 
     def combine(self, parts: list[SpooledBatch], payload: bytes) -> SpooledBatch:
         """One batch holding ``payload`` (what ``parts`` hold) in place of ``parts``:
-        consecutive batches of one table, oldest first, taken by ``after`` and never sent.
-        Written durably before the parts are deleted; in flight, in the head's place."""
+        consecutive fresh batches of one table, oldest first, taken by ``after``. Written
+        durably before the parts are deleted; in flight, in the head's place, not fresh."""
         first, last = parts[0], parts[-1]
         with self.lock:
             seq = self._next_seq
@@ -206,6 +219,7 @@ class Spool:
 
     def _forget(self, batch: SpooledBatch) -> None:
         del self._batches[batch.seq]
+        self._fresh.discard(batch.seq)
         self.bytes -= batch.size
         _unlink(os.path.join(self.dir, batch.filename))
 
