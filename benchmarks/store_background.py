@@ -72,6 +72,13 @@ def window(before: Reading, seconds: float) -> dict[str, Any]:
                           for n, v in cpu.items()}}
 
 
+def rss_mib() -> dict[str, float]:
+    """The process's resident memory now and at its peak, MiB."""
+    status = dict(line.split(":", 1) for line in
+                  Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    return {k: int(status[k].split()[0]) / 1024 for k in ("VmRSS", "VmHWM")}
+
+
 def rows_of(path: Path) -> tuple[list[Any], int]:
     import msgspec
     from ingest_instructions import _StepClock
@@ -122,9 +129,11 @@ def child(path: Path, variant: str, busy_s: float, idle_s: float, rate: float,
     sink.flush(60.0)  # the window's rows all inserted, whatever the insert interval
     out["busy"] = window(before, seconds)
     out["busy"]["rows"] = sink.stats().rows_written
+    out["busy"]["rss_mib"] = rss_mib()
     before, t0 = reading(), time.monotonic()
     time.sleep(idle_s)
     out["idle"] = window(before, time.monotonic() - t0)
+    out["idle"]["rss_mib"] = rss_mib()
     sink.close(10.0)
     return out
 
@@ -168,7 +177,9 @@ def main() -> None:
             for w in ("busy", "idle"):
                 top = ", ".join(f"{n} {c:.2f} ({k:g})"
                                 for n, (c, k) in list(got[w]["by_thread"].items())[:7])
-                print(f"{variant:9s}  {w:6s}  {got[w]['ms_per_s']:8.2f}  {top}")
+                rss = got[w]["rss_mib"]
+                print(f"{variant:9s}  {w:6s}  {got[w]['ms_per_s']:8.2f}  RSS {rss['VmRSS']:.0f} "
+                      f"(peak {rss['VmHWM']:.0f}) MiB  {top}")
     summary = {"bench": "store_background", "frames": str(path), "results": results}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary))

@@ -44,7 +44,7 @@ Send = Callable[[SpooledBatch, bytes, int], None]
 """Delivers one batch (its spooled bytes, the attempt number from 0); raises on failure."""
 Check = Callable[[], None]
 """Reaches the store without sending rows (connect, a trivial query); raises on failure."""
-Combine = Callable[[list[bytes]], bytes]
+Combine = Callable[[list[bytes]], bytes | memoryview]
 """One payload holding the rows of several payloads of one table, in order; raises when
 they cannot be one (different columns)."""
 MAX_COMBINED_BYTES = 32 << 20

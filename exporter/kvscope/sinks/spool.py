@@ -181,7 +181,7 @@ class Spool:
             self._inflight = {b.seq for b in out}
             return out
 
-    def combine(self, parts: list[SpooledBatch], payload: bytes) -> SpooledBatch:
+    def combine(self, parts: list[SpooledBatch], payload: bytes | memoryview) -> SpooledBatch:
         """One batch holding ``payload`` (what ``parts`` hold) in place of ``parts``:
         consecutive fresh batches of one table, oldest first, taken by ``after``. Written
         durably before the parts are deleted; in flight, in the head's place, not fresh."""

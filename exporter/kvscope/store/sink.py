@@ -121,7 +121,7 @@ class ClickHouseSink:
         self.delivery = Delivery(self.name, sorted(self.tables), arrow.encode, self._send,
                                  self.spool, self.options, describe=self.describe,
                                  check=self._check,
-                                 combine=lambda payloads: arrow.concat(payloads).to_pybytes())
+                                 combine=lambda payloads: memoryview(arrow.concat(payloads)))
         self.delivery.start()
 
     # -- the Sink protocol ---------------------------------------------------------------
