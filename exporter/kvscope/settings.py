@@ -92,10 +92,11 @@ SETTINGS: tuple[Setting, ...] = (
             int, 30, "`30`", "days ClickHouse keeps rows"),
     Setting("clickhouse_batch_interval_s", "KVSCOPE_CLICKHOUSE_BATCH_INTERVAL_S",
             "--clickhouse-batch-interval", float, 5.0, "`5`",
-            "seconds a table's rows gather before one insert: each insert has a fixed cost in "
-            "the store (at 1 the embedded chDB's threads used four times the CPU); rows reach "
-            "the store up to this late (the sidecar's own readers, explain's API and the layout "
-            "history, first deliver what it holds)"),
+            "seconds a table's rows gather in memory before they are spooled to disk as one "
+            "batch (and sent, unless the insert interval is longer): each insert has a fixed "
+            "cost in the store (at 1 the embedded chDB's threads used four times the CPU); "
+            "rows reach a server up to this late (the sidecar's own readers, explain's API "
+            "and the layout history, first deliver what waits)"),
     Setting("clickhouse_insert_interval_s", "KVSCOPE_CLICKHOUSE_INSERT_INTERVAL_S",
             "--clickhouse-insert-interval", float, None, "`30` embedded, `0` a server",
             "seconds a table's spooled batches wait to go into the store as one insert (rows "
