@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -26,7 +27,10 @@ from kvscope.twin.probed import ProbedTwin
 pytestmark = pytest.mark.twin
 
 
-def run_tracked(n_requests: int = 80, seed: int = 5) -> tuple[list[object], Hub, str, object]:
+def run_tracked(n_requests: int = 80, seed: int = 5, on_step: Any = None,
+                ) -> tuple[list[object], Hub, str, object]:
+    """The tracker's rows of a preempting run; ``on_step(pt, out)`` after each step is
+    ingested."""
     pt = ProbedTwin(TwinConfig(num_blocks=48), seed=seed)
     hub, rec = pt.hub, pt.rec
     rows: list[object] = []
@@ -35,7 +39,8 @@ def run_tracked(n_requests: int = 80, seed: int = 5) -> tuple[list[object], Hub,
     tracker = RequestTracker(lambda r: (rows.append(r), sinks.emit(r)))
     hub.listeners.append(tracker.on_event)
 
-    result = pt.run(generate(WorkloadSpec(n_requests=n_requests, seed=seed)))
+    result = pt.run(generate(WorkloadSpec(n_requests=n_requests, seed=seed)),
+                    on_step=None if on_step is None else lambda _i, out: on_step(pt, out))
     assert not rec.ring and not rec.ends  # the engine's last step reports the last ends
     tracker.flush(hub.engines)
     sinks.close()  # the decision log writes on its own thread
@@ -72,6 +77,29 @@ def test_every_request_gets_a_trace_and_every_preemption_a_decision() -> None:
     stats = [r for r in rows if isinstance(r, StepStat)]
     assert sum(s.steps for s in stats) == st.counters.steps
     assert sum(s.preemptions for s in stats) == n_pre
+
+
+def test_first_token_is_the_step_vllm_scheduled_the_prompts_last_token() -> None:
+    """A trace's time to first token ends at the step in which vLLM scheduled the last of
+    its prompt's tokens (computed at scheduling plus scheduled reach the prompt), read
+    from vLLM's own SchedulerOutput: the first such step, preemptions and resumes between."""
+    prompts = {r.request_id: len(r.prompt_token_ids)
+               for r in generate(WorkloadSpec(n_requests=80, seed=5))}
+    first: dict[str, float] = {}
+
+    def watch(pt: ProbedTwin, out: Any) -> None:
+        c = out.scheduled_cached_reqs
+        computed = {r.req_id: r.num_computed_tokens for r in out.scheduled_new_reqs}
+        computed.update(zip(c.req_ids, c.num_computed_tokens, strict=True))
+        for rid, n in out.num_scheduled_tokens.items():
+            if rid not in first and computed[rid] + n >= prompts[rid]:
+                first[rid] = pt.state.last_step.ts
+
+    rows, _hub, _log, _ = run_tracked(on_step=watch)
+    traces = {t.request_id: t for t in rows if isinstance(t, RequestTrace)}
+    assert len(traces) == len(first) == 80
+    for rid, t in traces.items():
+        assert t.first_token_seconds == first[rid] - t.arrival_ts, rid
 
 
 def test_allocations_chain_each_requests_table_from_admission_to_its_peak() -> None:

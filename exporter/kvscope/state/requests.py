@@ -198,10 +198,13 @@ class RequestTracker:
         if not pending:
             return
         sched: Any = s.num_scheduled
-        if s.scheduled_counts:  # the requests scheduled this step (a few are pending)
-            sched = wire.scheduled_ids(s)
-            if len(pending) > 8:
-                sched = set(sched)
+        if s.scheduled_counts:  # the requests scheduled this step: cached_ids, new_reqs
+            listed = led.counts.positions_of(s.cached_ids)  # cached_ids' (a dict, read)
+            if listed is None:
+                sched = set(wire.scheduled_ids(s))
+            else:
+                new = [r.req_id for r in s.new_reqs]
+                sched = _Either(listed, new) if new else listed
         for rid in [r for r in pending if r in sched]:
             live = reqs.get(rid)
             if live is None:
@@ -283,6 +286,18 @@ class RequestTracker:
         self.rollups.flush(hub_engines)
         for allocs in self.allocations.values():
             allocs.flush_all(self.emit)
+
+
+class _Either:
+    """In one of two containers (the step's listed requests, or its few new ones)."""
+
+    __slots__ = ("a", "b")
+
+    def __init__(self, a: Any, b: Any) -> None:
+        self.a, self.b = a, b
+
+    def __contains__(self, x: object) -> bool:
+        return x in self.a or x in self.b
 
 
 def engine_config(st: EngineState) -> EngineConfig:

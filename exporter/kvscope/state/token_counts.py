@@ -129,6 +129,11 @@ class TokenCounts:
         self.scheduled.pop(rid, None)
 
     # -- reads --------------------------------------------------------------------------
+    def positions_of(self, ids: list[str]) -> dict[str, int] | None:
+        """Each request's position in ``ids`` when ``ids`` is the latest list (the step
+        applied last), read-only; None for any other list."""
+        return self._pos if ids is self._ids and ids is not _NONE else None
+
     def computed_of(self, rid: str) -> int:
         """Computed tokens of ``rid`` when it was last scheduled (0 unknown)."""
         i = self._pos.get(rid)
