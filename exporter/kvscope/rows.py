@@ -8,7 +8,7 @@ interval below is computed from timestamps of one process. Sentinels instead of 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 
@@ -293,6 +293,34 @@ TABLES: dict[str, type] = {
     "layout_snapshots": LayoutSnapshotRow,
     "engine_configs": EngineConfig,
 }
+
+
+def _slot_init(cls: type) -> None:
+    """Gives a frozen slots dataclass an ``__init__`` that sets each slot through its
+    descriptor. The one ``dataclass`` writes for a frozen class calls
+    ``object.__setattr__`` by name for every field: 3.0 µs a ``RequestTrace`` against 1.7
+    (the ingest thread builds ~2.5 rows a step at 256 running). Same parameters, same
+    defaults; the rows stay frozen (assigning to one raises FrozenInstanceError)."""
+    fs = fields(cls)
+    ns: dict[str, Any] = {}
+    params = []
+    for f in fs:
+        ns[f"_set_{f.name}"] = cls.__dict__[f.name].__set__
+        if f.default is MISSING:
+            params.append(f.name)
+        else:
+            ns[f"_default_{f.name}"] = f.default
+            params.append(f"{f.name}=_default_{f.name}")
+    body = "".join(f"    _set_{f.name}(self, {f.name})\n" for f in fs)
+    exec(f"def __init__(self, {', '.join(params)}):\n{body}", ns)  # noqa: S102 - our names only
+    init = ns["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__doc__ = cls.__init__.__doc__
+    cls.__init__ = init  # type: ignore[misc]
+
+
+for _cls in TABLES.values():
+    _slot_init(_cls)
 
 
 def columns(table: str) -> list[str]:
