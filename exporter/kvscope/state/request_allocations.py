@@ -25,15 +25,16 @@ second on top of the ~110 of the requests that ended."""
 
 
 class _Run:
-    """One request's allocations since its last row: (step, epoch ms, blocks, total
-    blocks, free blocks, tokens) each, turned into columns when the row is made."""
+    """One request's allocations since its last row, six ints each in one flat list
+    (step, ms after the first, blocks, total blocks, free blocks, tokens): a row's columns
+    are its slices, and no tuple is kept per allocation."""
 
     __slots__ = ("items", "ms0", "ts")
 
     def __init__(self, ts: float, ms: int) -> None:
         self.ts = ts
         self.ms0 = ms
-        self.items: list[tuple[int, int, int, int, int, int]] = []
+        self.items: list[int] = []
 
 
 class Allocations:
@@ -59,7 +60,7 @@ class Allocations:
         run = self.runs.get(rid)
         if run is None:
             run = self.runs[rid] = _Run(self._ts, self._ms)
-        run.items.append((self._step, self._ms, blocks, total, self._free, tokens))
+        run.items += (self._step, self._ms - run.ms0, blocks, total, self._free, tokens)
 
     def flush(self, rid: str, emit: Callable[[Any], None]) -> None:
         run = self.runs.pop(rid, None)
@@ -79,9 +80,9 @@ class Allocations:
             emit(self._row(rid, run))
 
     def _row(self, rid: str, run: _Run) -> RequestAllocations:
-        steps, ms, blocks, totals, free, tokens = map(list, zip(*run.items, strict=True))
-        ms0 = run.ms0
+        items = run.items
         return RequestAllocations(
-            ts=run.ts, model=self.model, engine=self.engine, request_id=rid, step=steps,
-            offset_ms=[m - ms0 for m in ms], blocks=blocks, total_blocks=totals,
-            free_blocks=free, tokens=tokens, server=self.server)
+            ts=run.ts, model=self.model, engine=self.engine, request_id=rid,
+            step=items[0::6], offset_ms=items[1::6], blocks=items[2::6],
+            total_blocks=items[3::6], free_blocks=items[4::6], tokens=items[5::6],
+            server=self.server)
