@@ -102,6 +102,24 @@ def test_first_token_is_the_step_vllm_scheduled_the_prompts_last_token() -> None
         assert t.first_token_seconds == first[rid] - t.arrival_ts, rid
 
 
+def test_lifecycle_events_carry_the_free_blocks_vllm_reported_at_their_step() -> None:
+    """Queued, admitted, finished: each event's free blocks are the pool's free blocks as
+    vLLM's own pool counted them in the step it came with (the probe's reading); -1 only
+    in the first step, whose keyframe follows it."""
+    free_at: dict[int, int] = {}
+
+    def watch(pt: ProbedTwin, out: Any) -> None:
+        free_at[pt.state.counters.steps] = pt.state.last_step.free_blocks
+
+    rows, _hub, _log, _ = run_tracked(on_step=watch)
+    events = [r for r in rows if isinstance(r, RequestEvent)
+              and r.event in ("queued", "admitted", "finished")]
+    assert Counter(e.event for e in events) == {"queued": 80, "admitted": 80, "finished": 80}
+    assert len({e.free_blocks for e in events}) > 5
+    for e in events:
+        assert e.free_blocks == (-1 if e.step == 1 else free_at[e.step]), e
+
+
 def test_allocations_chain_each_requests_table_from_admission_to_its_peak() -> None:
     """The allocations, written as arrays a run at a time, unroll into one event per
     allocation that continues the request's table: each adds its blocks to the blocks

@@ -86,18 +86,21 @@ class RequestTracker:
             reqs = self.live[st.key] = OrderedDict()
         return reqs
 
-    def _event(self, st: EngineState, ts: float, rid: str, event: str, **kw: Any) -> None:
+    def _event(self, st: EngineState, ts: float, rid: str, event: str, *, blocks: int = -1,
+               total_blocks: int = -1, free_blocks: int | None = None,
+               max_contiguous_free: int = -1, tokens: int = -1, reason: str = "",
+               detail: str = "") -> None:
+        """A ``request_events`` row; ``free_blocks`` by default the ledger's now."""
         if not self._events_wanted:
             return
-        led = st.ledger
+        if free_blocks is None:
+            led = st.ledger
+            free_blocks = led.free if led.synced else -1
         self.emit(RequestEvent(
             ts=ts, model=st.hello.model, engine=st.engine, server=st.server, request_id=rid,
-            event=event,
-            step=st.counters.steps, blocks=kw.pop("blocks", -1),
-            total_blocks=kw.pop("total_blocks", -1),
-            free_blocks=kw.pop("free_blocks", led.free if led.synced else -1),
-            max_contiguous_free=kw.pop("max_contiguous_free", -1),
-            tokens=kw.pop("tokens", -1), **kw))
+            event=event, step=st.counters.steps, blocks=blocks, total_blocks=total_blocks,
+            free_blocks=free_blocks, max_contiguous_free=max_contiguous_free, tokens=tokens,
+            reason=reason, detail=detail))
 
     def _decision(self, st: EngineState, ts: float, decision: str, rid: str, msg: str,
                   **kw: Any) -> None:
