@@ -34,17 +34,20 @@ DEFAULT_BUFFER_BYTES = 256 * 1024 * 1024
 TICK_S = 0.1
 BATCH_BYTES = 1 << 20
 """Messages read in one go are handed to the queue once they hold this much."""
-TAKE_EVERY_S = 0.25
+TAKE_EVERY_S = 0.5
 """Once the socket thread has read every waiting message it lets the next ones gather in
-ZMQ's queue this long, then reads them and hands them to the ingest thread in one go: each
-wake-up of an idle thread costs more than the frame it takes (fed one engine's frames at
-its pace with no engine running, 8 frames a wake-up took 127-136 us of ingest CPU a step
-against 201-220 for one, benchmarks/README.md "thirteenth pass"), a probe sends a frame
-every 0.1 s, and with several engines their frames arrive apart. What the sidecar shows is
-at most this much later than the probe's frame; ZMQ holds at most this long's messages
-(``rcvhwm`` bounds their number), the byte-bounded queue the rest. A probe connecting over
-tcp waits at most this long for its CURVE authentication: each wake-up answers the ZAP
-requests waiting, up to 64 (``CurveGate.handle``)."""
+ZMQ's queue this long, then reads them and hands them to the ingest thread in one go. Work
+that follows a rest runs slower than the same work back to back (its caches are cold):
+one thread replaying one engine's recorded frames at 256 running took ~70 us a step back
+to back, 123-140 resting 0.1 s before each frame, 91-123 resting 0.25 s before each 3,
+79 resting 0.5 s before each 6, 75-76 resting 1 s before each 12 (``benchmarks/
+wake_cost.py``); a probe sends a frame every 0.1 s, and with several engines their frames
+arrive apart. What the sidecar shows is at most this much later than the probe's frame
+(Prometheus scrapes every 15 s or so; the layout is sampled once a second); ZMQ holds at
+most this long's messages (``rcvhwm`` bounds their number), the byte-bounded queue the
+rest. A probe connecting over tcp waits at most this long for its CURVE authentication
+(it waits 1 s for its connection before it drops what it cannot send): each wake-up
+answers the ZAP requests waiting, up to 64 (``CurveGate.handle``)."""
 
 
 def prepare_endpoint(endpoint: str) -> None:
