@@ -321,6 +321,7 @@ def _slot_init(cls: type) -> None:
 
 for _cls in TABLES.values():
     _slot_init(_cls)
+del _cls
 
 
 def columns(table: str) -> list[str]:

@@ -38,9 +38,9 @@ TAKE_EVERY_S = 0.5
 """Once the socket thread has read every waiting message it lets the next ones gather in
 ZMQ's queue this long, then reads them and hands them to the ingest thread in one go. Work
 that follows a rest runs slower than the same work back to back (its caches are cold):
-one thread replaying one engine's recorded frames at 256 running took ~70 us a step back
-to back, 123-140 resting 0.1 s before each frame, 91-123 resting 0.25 s before each 3,
-79 resting 0.5 s before each 6, 75-76 resting 1 s before each 12 (``benchmarks/
+one thread replaying one engine's recorded frames at 256 running took 71-74 us a step back
+to back, 134-156 resting 0.1 s before each frame, 92-95 resting 0.25 s before each 3,
+81-88 resting 0.5 s before each 6, 82 resting 1 s before each 12 (``benchmarks/
 wake_cost.py``); a probe sends a frame every 0.1 s, and with several engines their frames
 arrive apart. What the sidecar shows is at most this much later than the probe's frame
 (Prometheus scrapes every 15 s or so; the layout is sampled once a second); ZMQ holds at
