@@ -11,7 +11,7 @@ from kvscope.rows import TABLES
 
 
 def sample(f: dataclasses.Field[Any], i: int) -> Any:
-    """A value of ``f``'s type unlike its default and unlike every other field's."""
+    """A value of ``f``'s type that differs from field to field (bools alternate)."""
     kind = str(f.type)
     if kind.startswith("list"):
         return [i, i + 1]
