@@ -44,17 +44,11 @@ def child(path: Path, threshold: int, n: int) -> dict[str, Any]:
     import pandas  # noqa: F401
     import pyarrow  # noqa: F401
     import uvicorn  # noqa: F401
-    from ingest_instructions import _StepClock
-
-    import kvscope.state.engine as engine_module
-    from kvscope.state.hub import Hub
-    from kvscope.state.requests import RequestTracker
+    from ingest_instructions import replay_hub
 
     frames = msgspec.msgpack.decode(path.read_bytes(), type=list[list[bytes]])[:n]
     rows: deque[Any] = deque(maxlen=ROWS_KEPT)
-    hub = Hub(health_timeout_s=1e9)
-    engine_module.time = _StepClock(hub)  # type: ignore[assignment]
-    hub.listeners.append(RequestTracker(rows.append).on_event)
+    hub = replay_hub(rows.append)
     spent = {0: [0, 0.0], 1: [0, 0.0], 2: [0, 0.0]}
     started = [0.0]
 

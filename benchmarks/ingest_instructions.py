@@ -119,20 +119,27 @@ class _StepClock:
     time = monotonic
 
 
+def replay_hub(emit: Any = None) -> Any:
+    """A ``Hub`` as a replay reads the recording: its clock the recorded steps' times and,
+    with ``emit``, the request tracker emitting its rows to it."""
+    import kvscope.state.engine as engine_module
+    from kvscope.state.hub import Hub
+    from kvscope.state.requests import RequestTracker
+
+    hub = Hub(health_timeout_s=1e9)
+    engine_module.time = _StepClock(hub)  # type: ignore[assignment]
+    if emit is not None:
+        hub.listeners.append(RequestTracker(emit).on_event)
+    return hub
+
+
 def replay(mode: str, path: Path, n: int) -> dict[str, Any]:
     gc.disable()
     frames = msgspec.msgpack.decode(path.read_bytes(), type=list[list[bytes]])[:n]
     if mode in ("floor", "decode"):
         return replay_floor(frames, keep=mode == "floor")
-    import kvscope.state.engine as engine_module
-    from kvscope.state.hub import Hub
-    from kvscope.state.requests import RequestTracker
-
     rows: list[Any] = []
-    hub = Hub(health_timeout_s=1e9)
-    engine_module.time = _StepClock(hub)  # type: ignore[assignment]
-    if mode == "full":
-        hub.listeners.append(RequestTracker(rows.append).on_event)
+    hub = replay_hub(rows.append if mode == "full" else None)
     for parts in frames:
         hub.accept(parts)
     st = next(iter(hub.engines.values()))

@@ -81,17 +81,11 @@ def rss_mib() -> dict[str, float]:
 
 def rows_of(path: Path) -> tuple[list[Any], int]:
     import msgspec
-    from ingest_instructions import _StepClock
-
-    import kvscope.state.engine as engine_module
-    from kvscope.state.hub import Hub
-    from kvscope.state.requests import RequestTracker
+    from ingest_instructions import replay_hub
 
     frames = msgspec.msgpack.decode(path.read_bytes(), type=list[list[bytes]])
     rows: list[Any] = []
-    hub = Hub(health_timeout_s=1e9)
-    engine_module.time = _StepClock(hub)  # type: ignore[assignment]
-    hub.listeners.append(RequestTracker(rows.append).on_event)
+    hub = replay_hub(rows.append)
     for parts in frames:
         hub.accept(parts)
     return rows, next(iter(hub.engines.values())).counters.steps

@@ -35,17 +35,11 @@ HERE = Path(__file__).resolve().parent
 
 
 def replay(frames: list[list[bytes]], rest_s: float, group: int, spin: bool) -> dict[str, Any]:
-    from ingest_instructions import _StepClock
-
-    import kvscope.state.engine as engine_module
-    from kvscope.state.hub import Hub
-    from kvscope.state.requests import RequestTracker
+    from ingest_instructions import replay_hub
 
     gc.disable()
     rows: list[Any] = []
-    hub = Hub(health_timeout_s=1e9)
-    engine_module.time = _StepClock(hub)  # type: ignore[assignment]
-    hub.listeners.append(RequestTracker(rows.append).on_event)
+    hub = replay_hub(rows.append)
     cpu = 0.0
     for i in range(0, len(frames), group):
         if rest_s > 0:
