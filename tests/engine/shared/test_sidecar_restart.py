@@ -41,7 +41,9 @@ def test_vllm_serves_without_a_sidecar_and_the_probe_reconnects(
 
     # 3. A new sidecar on the same endpoint learns the engine from the probe's next keyframe,
     #    which carries the hello: the probe reconnects by itself. Keyframes come with steps,
-    #    so keep a small load going until the engine shows up in sync.
+    #    so keep a small load going until the engine shows up in sync and the sidecar has
+    #    compared an audit with its new ledger: one step in 8 carries one, so a load whose
+    #    keyframe came in its last few steps can end with none counted.
     engine_stack.sidecar.start()
     restarted = time.monotonic()
     deadline = restarted + 15.0
@@ -52,10 +54,10 @@ def test_vllm_serves_without_a_sidecar_and_the_probe_reconnects(
         assert run_load_sync(engine_stack.vllm.url, small).ok == small.n_requests
         loads += 1
         summary = engine_summary(engine_stack)
-        if summary is not None and summary["synced"]:
+        if summary is not None and summary["synced"] and summary["audit_blocks"] > 0:
             break
         if time.monotonic() > deadline:
-            pytest.fail(f"no synced engine 0 15 s after the sidecar restarted: {summary}\n"
+            pytest.fail(f"no synced, audited engine 0 15 s after the sidecar restarted: {summary}\n"
                         f"{engine_stack.sidecar.log_tail()}")
     resynced_s = time.monotonic() - restarted
     record_property("resynced_after_restart_s", round(resynced_s, 1))
