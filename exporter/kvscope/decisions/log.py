@@ -14,8 +14,8 @@ dropped. Both appear in ``kvscope_sink_*{sink="decision_log"}``.
 
 from __future__ import annotations
 
-import json
 import logging
+import math
 import os
 import sys
 import threading
@@ -23,6 +23,8 @@ import time
 from collections import deque
 from datetime import datetime, timezone
 from typing import IO, Any
+
+import msgspec
 
 from kvscope.os_thread import name_os_thread
 from kvscope.rows import SchedulerDecision
@@ -40,9 +42,10 @@ wakeup takes the GIL from the ingest thread)."""
 
 
 def decision_line(d: SchedulerDecision) -> str:
-    """The JSON line for one decision (keys stable; documented in the README)."""
-    return json.dumps({
-        "ts": datetime.fromtimestamp(d.ts, tz=timezone.utc).isoformat(timespec="milliseconds"),
+    """The JSON line for one decision (keys stable; documented in the README). Characters
+    past printable ASCII (DEL included) are written as UTF-8, not escaped."""
+    return _encode({
+        "ts": iso_ms(d.ts),
         "level": "info",
         "logger": "kvscope.decisions",
         "server": d.server,
@@ -57,7 +60,34 @@ def decision_line(d: SchedulerDecision) -> str:
         "tokens": None if d.tokens < 0 else d.tokens,
         "policy": d.policy,
         "msg": d.msg,
-    }, separators=(",", ":"))
+    }).decode()
+
+
+_encode = msgspec.json.Encoder().encode
+"""~0.4 µs a line where ``json.dumps`` took ~4 (the writer thread formats ~100 lines a
+second per busy engine)."""
+_second: tuple[int, str] = (0, datetime.fromtimestamp(0, tz=timezone.utc).isoformat()[:-6])
+"""The last second formatted: (whole seconds, its date and time of day)."""
+
+
+def iso_ms(ts: float) -> str:
+    """``datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds")``,
+    with the date and time of day formatted once a second: the same rounding (``ts`` to
+    the microsecond, half to even, as CPython's ``fromtimestamp``; then the milliseconds
+    truncated, as ``isoformat``), a third of the cost."""
+    global _second
+    frac, whole = math.modf(ts)
+    us = round(frac * 1e6)
+    sec = int(whole)
+    if us >= 1_000_000:
+        sec, us = sec + 1, us - 1_000_000
+    elif us < 0:
+        sec, us = sec - 1, us + 1_000_000
+    cached = _second
+    if cached[0] != sec:
+        cached = _second = (sec, datetime.fromtimestamp(sec, tz=timezone.utc)
+                            .isoformat()[:-6])
+    return f"{cached[1]}.{us // 1000:03d}+00:00"
 
 
 class DecisionLog:
