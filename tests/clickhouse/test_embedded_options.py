@@ -20,6 +20,7 @@ from tests.fresh import last_json_line
 
 OPEN = r"""
 import json, os, sys, time
+import pyarrow as pa
 from kvscope.store.sink import ClickHouseSink
 
 def memory_worker_switches():
@@ -33,7 +34,9 @@ def memory_worker_switches():
                     return int(line.split()[1])
     return None
 
+pool_before = pa.default_memory_pool().backend_name
 sink = ClickHouseSink("chdb://" + sys.argv[1], spool_dir=sys.argv[1] + "-spool")
+pool = pa.default_memory_pool().backend_name
 reader = sink.reader()
 period = reader.query("SELECT value FROM system.server_settings "
                       "WHERE name = 'memory_worker_period_ms'").result_rows[0][0]
@@ -42,12 +45,17 @@ time.sleep(2.0)
 woke = memory_worker_switches() - before
 reader.close()
 sink.close(5.0)
-print(json.dumps({"period": int(period), "woke": woke}))
+print(json.dumps({"period": int(period), "woke": woke, "pool_before": pool_before,
+                  "pool": pool}))
 """
 
 
 def test_the_embedded_store_opens_with_a_slow_memory_worker(tmp_path: Path) -> None:
+    """... and the sink makes the C library's allocator pyarrow's
+    (``arrow.use_system_allocator``: mimalloc gave every batch's memory back to the kernel)."""
     got = last_json_line(OPEN.replace("sys.argv[1]", repr(str(tmp_path / "chdb"))))
+    assert got["pool_before"] != "system"  # pyarrow's default: mimalloc here
+    assert got["pool"] == "system"
     assert got["period"] == EMBEDDED_OPTIONS["memory_worker_period_ms"] == 1000
     # chDB's default period woke it ~40 times in these 2 s; at 1 s it wakes 2-3 times
     # (it can run late on a loaded machine, never early).

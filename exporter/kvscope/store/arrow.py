@@ -100,6 +100,17 @@ def concat(payloads: Sequence[bytes | pa.Buffer]) -> pa.Buffer:
     return sink.getvalue()
 
 
+def use_system_allocator() -> None:
+    """Make the C library's allocator pyarrow's (a process-wide setting; the store is its
+    only user in the sidecar). pyarrow's default, mimalloc, hands a batch's buffers back to
+    the kernel soon after they are freed, so every batch sealed (each table every 5 s) and
+    every insert's combined payload faulted its memory in again, zeroed page by page: half
+    of the batching thread's time in the kernel's ``clear_page``
+    (benchmarks/README.md, "twentieth pass"). The C library keeps freed memory for the
+    next batch: the store's two threads took ~20% less CPU, and the process less memory."""
+    pa.set_memory_pool(pa.system_memory_pool())
+
+
 def warm(tables: Sequence[str]) -> None:
     """Encode an empty batch of each table: pyarrow imports pandas (~400 modules, ~0.2 s of
     CPU) at its first conversion from numpy, and that should happen as the sidecar starts,

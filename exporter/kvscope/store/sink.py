@@ -117,6 +117,7 @@ class ClickHouseSink:
                            policy=self.options.spool_policy, fsync=self.options.fsync)
         made = schema.table_names()
         self.tables = frozenset(t for t in TABLES if t in made)
+        arrow.use_system_allocator()
         arrow.warm(sorted(self.tables))
         self.delivery = Delivery(self.name, sorted(self.tables), arrow.encode, self._send,
                                  self.spool, self.options, describe=self.describe,
