@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from kvscope.state import audit
+from kvscope.state.budget_window import BudgetWindow
 from kvscope.state.ledger import Ledger
 from kvscope.state.token_counts import ListEdit
 from kvscope_probe import wire
@@ -112,7 +113,8 @@ class EngineState:
         self.probe_faults = 0
         self.recent_preemptions: deque[PreemptionSeen] = deque(maxlen=200)
         self.lost_tokens: dict[str, int] = {}
-        self.util_window: deque[tuple[float, int, int]] = deque(maxlen=4096)
+        self.budget_window = BudgetWindow()
+        """Cumulative scheduled tokens and token budget of the last steps."""
         self._maxrun = 0
         self._maxrun_at = 0.0
         self.history: deque[tuple[float, int, int]] = deque(maxlen=4000)
@@ -222,7 +224,7 @@ class EngineState:
         now = time.monotonic()
         if not self.history or now - self.history[-1][0] >= 1.0:
             self.history.append((now, sum(c.preemptions.values()), sum(c.ends.values())))
-        self.util_window.append((s.ts, c.scheduled_tokens, c.budget_tokens))
+        self.budget_window.add(s.ts, c.scheduled_tokens, c.budget_tokens)
         self._track(s, now)
         for p in seen:
             self.recent_preemptions.append(p)
@@ -299,18 +301,10 @@ class EngineState:
 
     def budget_utilization(self, window_s: float = 10.0) -> float | None:
         """Scheduled tokens / token budget over the engine's last ``window_s`` seconds."""
-        w = self.util_window
-        if not w:
-            return None
-        t_end, sched_end, budget_end = w[-1]
-        base = None
-        for t, sch, bud in reversed(w):
-            if t_end - t > window_s:
-                break
-            base = (sch, bud)
-        if base is None or budget_end == base[1]:
+        util = self.budget_window.utilization(window_s)
+        if util is None:  # one step in the window (or none): that step's own
             last = self.last_step
             if last is None or not last.token_budget:
                 return None
             return last.scheduled_tokens / last.token_budget
-        return (sched_end - base[0]) / (budget_end - base[1])
+        return util
