@@ -19,11 +19,14 @@ N, PROMPT_WORDS, MAX_TOKENS = 24, 160, 600
 """24 x ~760 tokens (24 blocks each) on a 48 x 32-token pool: two requests running at once
 fill it. With 200 output tokens (12 blocks) the load needed four at once, and with the
 other CI worker busy on the second core the API server let them in one by one: 0 of 24
-preempted in one CI run."""
+preempted in one CI run. It did again with these (the client measured up to 23 s more than
+the engine held a request: they reached the engine one after another), so a load that
+preempted nothing is followed by another, up to ``ROUNDS`` in all."""
+ROUNDS = 3
 
 
-def send(url: str, i: int) -> tuple[str, float]:
-    rid = f"explain-{i}"
+def send(url: str, i: int, round_: int) -> tuple[str, float]:
+    rid = f"explain-{i}" if round_ == 0 else f"explain-{round_}-{i}"
     body = {"model": "tiny", "prompt": " ".join(f"w{(i * 7 + k) % 900}" for k in
                                                 range(PROMPT_WORDS)),
             "max_tokens": MAX_TOKENS, "ignore_eos": True}
@@ -49,10 +52,28 @@ def explained(stack: EngineStack, rid: str, timeout_s: float = 60.0) -> dict[str
 
 def test_explain_matches_the_server_and_the_clients(engine_stack: EngineStack,
                                                     record_property: Any) -> None:
-    with ThreadPoolExecutor(N) as pool:
-        measured = dict(pool.map(lambda i: send(engine_stack.vllm.url, i), range(N)))
-    wait_until_quiet(engine_stack)
-    preempted = gaps = 0
+    preempted = gaps = rounds = 0
+    while not preempted and rounds < ROUNDS:
+        with ThreadPoolExecutor(N) as pool:
+            measured = dict(pool.map(send, [engine_stack.vllm.url] * N, range(N),
+                                     [rounds] * N))
+        wait_until_quiet(engine_stack)
+        rounds += 1
+        p, g = check_explained(engine_stack, measured)
+        preempted, gaps = preempted + p, max(gaps, g)
+    record_property("preempted_requests", preempted)
+    record_property("load_rounds", rounds)
+    record_property("max_client_minus_engine_s", round(gaps, 4))
+    print(f"explain engine figures: {preempted}/{N * rounds} preempted in {rounds} loads, "
+          f"client - engine latency at most {gaps:.4f} s")
+    assert preempted > 0
+
+
+def check_explained(engine_stack: EngineStack, measured: dict[str, float]) -> tuple[int, float]:
+    """Every request's explain answer against vLLM's counts and the client's latency; how
+    many were preempted, and the largest client - engine latency."""
+    preempted = 0
+    gaps = 0.0
     for rid, client_s in measured.items():
         body = explained(engine_stack, rid)
         (er,) = body["engine_requests"]
@@ -75,8 +96,4 @@ def test_explain_matches_the_server_and_the_clients(engine_stack: EngineStack,
         for p in pre:
             assert p["requester_is_victim"] or p["trigger"] is not None, p
         preempted += bool(pre)
-    record_property("preempted_requests", preempted)
-    record_property("max_client_minus_engine_s", round(gaps, 4))
-    print(f"explain engine figures: {preempted}/{N} preempted, client - engine latency "
-          f"at most {gaps:.4f} s")
-    assert preempted > 0
+    return preempted, gaps
