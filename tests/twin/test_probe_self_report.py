@@ -133,6 +133,16 @@ def test_zmq_io_cpu_counts_the_probes_zmq_threads_and_not_vllms(tmp_path) -> Non
     def their_cpu() -> int:
         return sum(time.clock_gettime_ns(iothreads._cpu_clock(t)) for t in theirs)
 
+    # The probe's context is one per process: a sender of an earlier test still ending
+    # (connecting, flushing to a sidecar that left) works its I/O thread. Measure once
+    # every socket in it has closed, as this test's sender's has.
+    def open_sockets() -> int:
+        return sum(not s.closed for s in list(iothreads.context()._sockets))
+
+    deadline = time.monotonic() + 60
+    while open_sockets() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert open_sockets() == 0
     probe0, theirs0 = snd.io_cpu(), their_cpu()
     for _ in range(200):
         a.send(b"x" * (1 << 20))
@@ -142,7 +152,8 @@ def test_zmq_io_cpu_counts_the_probes_zmq_threads_and_not_vllms(tmp_path) -> Non
     b.close(0)
     other.term()
     assert theirs1 - theirs0 > 10_000_000  # 200 MiB through their I/O thread
-    assert probe1 - probe0 < (theirs1 - theirs0) / 100, (probe1 - probe0, theirs1 - theirs0)
+    assert probe1 - probe0 < (theirs1 - theirs0) / 100, \
+        (probe1 - probe0, theirs1 - theirs0, open_sockets())
 
     hub = Hub()
     for f in frames:
