@@ -162,7 +162,7 @@ def assert_idle_engines_stay_ready(side: ServeProcess) -> None:
     """Idle for longer than the health timeout: heartbeats keep every engine connected."""
     time.sleep(3 * TIMEOUT_S)
     code, body = readyz(side)
-    assert code == 200 and body["status"] == "ok"
+    assert code == 200 and body["status"] == "ok", body
     assert sorted(e["state"] for e in body["engines"]) == ["idle"] * 8
     assert all(e["heartbeats"] >= 2 for e in body["engines"])
     assert all(side.value("kvscope_probe_connected", server=e["server"],
