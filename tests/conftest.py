@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from kvscope.localvllm.server import NICE_ENV
+
 pytest_plugins = ["pytester"]
 
 ALLOWED_HEADING = "### Allowed to skip in CI"
@@ -114,6 +116,17 @@ def pytest_configure(config: pytest.Config) -> None:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
 
+
+SUITE_VLLM_NICE = 10
+"""The niceness of every vLLM server the tests start (``KVSCOPE_VLLM_NICE``, read by
+``kvscope.localvllm.server``). vLLM on the CPU binds its worker to one core and keeps the
+other for its EngineCore: while the engine tests generate, it takes most of this 2-core
+machine, and the other xdist worker's multi-process tests starved beside it (CI on 936e5f8:
+eight twin engines' 2 s heartbeats went past a 4 s health timeout; a twin feeder, ~21 s of
+steps alone, had not finished in 120 s). Measured with eight idle twin engines polled for
+40 s beside tests/engine/shared: the longest silence 3.3 s against 2.0-2.4 alone, 2.6 with
+vLLM niced. Niced, vLLM yields to them and runs at full speed otherwise."""
+os.environ[NICE_ENV] = str(SUITE_VLLM_NICE)
 
 ENGINE_TESTS = "tests/engine/"
 """Where every test marked ``engine`` (a real vLLM server) lives: ``xdist_group`` below

@@ -20,13 +20,16 @@ from kvscope.load.mix import (
 )
 from kvscope.localvllm import server as server_mod
 from kvscope.localvllm.server import (
+    NICE_ENV,
     ServerExited,
     ServerSpec,
     VllmServer,
     command,
+    default_nice,
     free_port,
     live_group_pids,
 )
+from tests.conftest import SUITE_VLLM_NICE
 
 
 def flag_value(argv: list[str], flag: str) -> str:
@@ -35,7 +38,8 @@ def flag_value(argv: list[str], flag: str) -> str:
 
 def test_command_binds_loopback_and_passes_the_pool_shape() -> None:
     spec = ServerSpec(model_dir=Path("/models/tiny"), port=8123, num_gpu_blocks=64,
-                      scheduling_policy="priority", extra_args=("--enable-log-requests",))
+                      scheduling_policy="priority", extra_args=("--enable-log-requests",),
+                      nice=0)
     argv = command(spec)
     assert argv[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     assert flag_value(argv, "--host") == "127.0.0.1"
@@ -52,6 +56,29 @@ def test_command_binds_loopback_and_passes_the_pool_shape() -> None:
     assert flag_value(argv, "--max-num-batched-tokens") == "512"
     assert flag_value(argv, "--scheduling-policy") == "priority"
     assert argv[-1] == "--enable-log-requests"
+
+
+def test_a_niced_server_runs_behind_nice_with_its_own_argv() -> None:
+    plain = ServerSpec(model_dir=Path("/models/tiny"), port=8123, nice=0)
+    niced = ServerSpec(model_dir=Path("/models/tiny"), port=8123, nice=7)
+    assert command(niced) == ["nice", "-n", "7", *command(plain)]
+
+
+def test_the_default_niceness_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    monkeypatch.setenv(NICE_ENV, "12")
+    assert ServerSpec(model_dir=Path("m"), port=1).nice == 12
+    assert default_nice({}) == 0
+    assert default_nice({NICE_ENV: " 3 "}) == 3
+    with pytest.raises(ValueError, match=f"{NICE_ENV} must be an integer in 0..19, got 'x'"):
+        default_nice({NICE_ENV: "x"})
+    with pytest.raises(ValueError, match="nice must be in 0..19, got 20"):
+        ServerSpec(model_dir=Path("m"), port=1, nice=20)
+
+
+def test_the_suite_starts_its_vllm_servers_niced() -> None:
+    """tests/conftest.py: vLLM takes both cores of a 2-core machine while it generates."""
+    assert ServerSpec(model_dir=Path("m"), port=1).nice == SUITE_VLLM_NICE > 0
 
 
 def test_server_spec_reports_every_error_at_once() -> None:

@@ -3,6 +3,13 @@
 Used by the engine tests, the benchmarks and ``kvscope demo --engine vllm``. The server
 runs in its own process group so that stopping it also stops the EngineCore and worker
 processes it forks.
+
+vLLM on the CPU takes a core for its worker's OpenMP thread and reserves one for the
+EngineCore's busy loop (``vllm/utils/ompmultiprocessing.py``): on a small machine, work
+beside it waits. ``ServerSpec.nice`` (default from ``KVSCOPE_VLLM_NICE``) starts the server,
+and so every process it forks, at a lower CPU priority: the test suite sets it so that the
+other test worker's timing (heartbeats against a health timeout) is not starved while vLLM
+generates (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ from typing import Literal
 import httpx
 
 HOST = "127.0.0.1"
+NICE_ENV = "KVSCOPE_VLLM_NICE"
+"""The niceness (0-19) of the servers started without an explicit ``ServerSpec.nice``."""
 
 # vLLM phones home and the HF libraries try the network unless told not to; this
 # machine has no network for them anyway, so fail fast instead of retrying.
@@ -59,6 +68,9 @@ class ServerSpec:
     """Appended to the command line as given."""
     python: str = sys.executable
     """The interpreter (and so the environment) vLLM runs in."""
+    nice: int = field(default_factory=lambda: default_nice())
+    """The server's niceness (0: as this process; up to 19), inherited by its EngineCore and
+    worker processes."""
 
     def __post_init__(self) -> None:
         errors = []
@@ -70,6 +82,8 @@ class ServerSpec:
                      "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) <= 0:
                 errors.append(f"{name} must be positive, got {getattr(self, name)}")
+        if not 0 <= self.nice <= 19:
+            errors.append(f"nice must be in 0..19, got {self.nice}")
         if self.scheduling_policy not in ("fcfs", "priority"):
             errors.append(f"scheduling_policy must be fcfs or priority, "
                           f"got {self.scheduling_policy!r}")
@@ -77,9 +91,21 @@ class ServerSpec:
             raise ValueError("invalid ServerSpec: " + "; ".join(errors))
 
 
+def default_nice(env: dict[str, str] | None = None) -> int:
+    """``KVSCOPE_VLLM_NICE`` as an int (0 when unset); a clear error for anything else."""
+    raw = (os.environ if env is None else env).get(NICE_ENV, "").strip()
+    try:
+        return int(raw) if raw else 0
+    except ValueError:
+        raise ValueError(f"{NICE_ENV} must be an integer in 0..19, got {raw!r}") from None
+
+
 def command(spec: ServerSpec) -> list[str]:
-    """The server's argv. ``python -m`` because the ``vllm`` console script is broken."""
+    """The server's argv. ``python -m`` because the ``vllm`` console script is broken;
+    behind ``nice`` (which execs it: the PID stays the server's) when ``spec.nice``."""
+    niced = ["nice", "-n", str(spec.nice)] if spec.nice else []
     return [
+        *niced,
         spec.python, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(spec.model_dir),
         "--served-model-name", spec.served_model_name,

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvscope.load.mix import LoadSpec, run_load_sync
 from kvscope.localvllm.server import live_group_pids
+from tests.conftest import SUITE_VLLM_NICE
 from tests.engine.figures import (
     ENGINE,
     REASONS,
@@ -90,6 +91,11 @@ def test_probe_runs_in_the_engine_core_process(engine_stack: EngineStack,
     assert pid != engine_stack.vllm.pid, "the probe records in the API server, not EngineCore"
     os.kill(pid, 0)  # alive (raises ProcessLookupError otherwise)
     assert pid in live_group_pids(engine_stack.vllm.pid), "not one of this server's processes"
+    # Every process of the server runs at the suite's niceness (tests/conftest.py), the
+    # EngineCore (where the probe records) and its worker included.
+    group = live_group_pids(engine_stack.vllm.pid)
+    assert len(group) >= 3
+    assert {os.getpriority(os.PRIO_PROCESS, p) for p in group} == {SUITE_VLLM_NICE}
 
 
 def test_counts_reconcile_with_vllm_after_a_mixed_load(
