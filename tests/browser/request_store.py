@@ -10,6 +10,7 @@ then serves until killed.
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import time
 from typing import Any
@@ -57,8 +58,16 @@ def main(data_dir: str, port: int) -> None:
     app.include_router(explain_router(got.pop("sink").reader))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
                                            log_level="warning"))
-    app.router.on_startup.append(lambda: print(json.dumps({"port": port, **got}), flush=True))
-    server.run()
+    # Listening before the line goes out: uvicorn runs the app's startup handlers before it
+    # binds (uvicorn/server.py, Server.startup), so a line printed from one raced the bind
+    # and the test's first request was refused (CI on 1d21888). Connections made before
+    # uvicorn serves wait in this socket's backlog.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(64)
+    print(json.dumps({"port": port, **got}), flush=True)
+    server.run(sockets=[sock])
 
 
 if __name__ == "__main__":
