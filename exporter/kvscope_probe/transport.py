@@ -84,9 +84,9 @@ def requires_auth(endpoint: str) -> bool:
 
 RECONNECT_IVL_MAX_MS = 1000
 """While no sidecar listens, libzmq's I/O thread retries the connection every 100 ms (its
-``ZMQ_RECONNECT_IVL``) for as long as that lasts: 0.66 ms of CPU a second in the engine
-process on an ipc endpoint, 1.1 on tcp (10 s measured once the first tries were over).
-Each failed try doubles the wait up to this: 0.09 and 0.18 ms a second. A sidecar that
+``ZMQ_RECONNECT_IVL``) for as long as that lasts: 0.83-0.85 ms of CPU a second in the engine
+process on an ipc endpoint, 1.28-1.33 on tcp. Each failed try doubles the wait up to this:
+0.12-0.13 and 0.20-0.21 ms a second (``benchmarks/probe_reconnect.py``). A sidecar that
 comes back is reached within about a second, and a connection that drops starts again from
 100 ms (tests/unit/test_transport_reconnect.py)."""
 
