@@ -4,9 +4,9 @@ Used by the engine tests, the benchmarks and ``kvscope demo --engine vllm``. The
 runs in its own process group so that stopping it also stops the EngineCore and worker
 processes it forks.
 
-vLLM on the CPU takes a core for its worker's OpenMP thread and reserves one for the
-EngineCore's busy loop (``vllm/utils/ompmultiprocessing.py``): on a small machine, work
-beside it waits. ``ServerSpec.nice`` (default from ``KVSCOPE_VLLM_NICE``) starts the server,
+vLLM on the CPU binds its worker's OpenMP threads to cores and reserves one more for the
+EngineCore process (``vllm/utils/ompmultiprocessing.py``): on a small machine, work beside
+it waits while it generates. ``ServerSpec.nice`` (default from ``KVSCOPE_VLLM_NICE``) starts the server,
 and so every process it forks, at a lower CPU priority: the test suite sets it so that the
 other test worker's timing (heartbeats against a health timeout) is not starved while vLLM
 generates (tests/conftest.py).
