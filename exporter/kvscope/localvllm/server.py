@@ -6,10 +6,10 @@ processes it forks.
 
 vLLM on the CPU binds its worker's OpenMP threads to cores and reserves one more for the
 EngineCore process (``vllm/utils/ompmultiprocessing.py``): on a small machine, work beside
-it waits while it generates. ``ServerSpec.nice`` (default from ``KVSCOPE_VLLM_NICE``) starts the server,
-and so every process it forks, at a lower CPU priority: the test suite sets it so that the
-other test worker's timing (heartbeats against a health timeout) is not starved while vLLM
-generates (tests/conftest.py).
+it waits while it generates. ``ServerSpec.nice`` (default from ``KVSCOPE_VLLM_NICE``)
+starts the server, and so every process it forks, at a lower CPU priority: the test suite
+sets it so that the other test worker's timing (heartbeats against a health timeout) is not
+starved while vLLM generates (tests/conftest.py).
 """
 
 from __future__ import annotations
