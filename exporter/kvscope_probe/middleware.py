@@ -11,7 +11,9 @@ client-id header (``KVSCOPE_CLIENT_ID_HEADER``, default ``x-client-id``), a dige
 bearer API key and a digest of the prompt (the text is never stored or sent; the sidecar
 keys both digests before it keeps anything), and sends a start and an end event to the
 sidecar. A request whose body cannot be read as JSON, or any error of kvscope's own,
-passes through untouched: kvscope being down never fails a request.
+passes through untouched: kvscope being down never fails a request. When the server shuts
+down (the ASGI lifespan's ``lifespan.shutdown``) the events still queued are sent, within a
+second, and the emitter's socket and thread end.
 
 The request's ID is the caller's. vLLM 0.32 takes the first ``X-Request-Id`` header as it
 is (Starlette decodes it as latin-1; an empty value counts), else the body's
@@ -23,6 +25,7 @@ samples, which is what the sidecar parses back (``kvscope.sidecar.clients``).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -87,6 +90,9 @@ class KVScopeMiddleware:
         self.errors = 0
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope.get("type") == "lifespan" and self.emitter is not None:
+            await self.app(scope, self._closing_at_shutdown(receive), send)
+            return
         endpoint = PATHS.get(scope.get("path", "")) if scope.get("type") == "http" else None
         if endpoint is None or scope.get("method") != "POST" or self.emitter is None:
             await self.app(scope, receive, send)
@@ -126,6 +132,22 @@ class KVScopeMiddleware:
         except BaseException:
             self._end(call, 500)
             raise
+
+    def _closing_at_shutdown(self, receive: Any) -> Any:
+        """``receive`` for the lifespan: once the server says it shuts down, the emitter
+        sends what it holds and closes (off the event loop), before the app hears it."""
+        emitter = self.emitter
+
+        async def lifespan_receive() -> Any:
+            msg = await receive()
+            if msg.get("type") == "lifespan.shutdown" and emitter is not None:
+                try:
+                    await asyncio.to_thread(emitter.close)
+                except Exception as exc:  # noqa: BLE001 - never fail a shutdown over kvscope
+                    self._error(exc)
+            return msg
+
+        return lifespan_receive
 
     def _start(self, scope: dict[str, Any], endpoint: str, body: bytes,
                truncated: bool) -> _Call | None:

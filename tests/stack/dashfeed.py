@@ -103,6 +103,7 @@ def feed(endpoint: str) -> None:
     deadline = time.monotonic() + 10
     while emitter.queue and time.monotonic() < deadline:
         time.sleep(0.05)
+    emitter.close()  # the last batch's send finished, its socket and thread ended
     done = {"steps": result.steps, "preemptions": result.preemptions,
             "finished": result.finished, "client_ends": ended,
             "client_events_sent": emitter.sent, "client_events_dropped": emitter.dropped,

@@ -57,6 +57,7 @@ class Listening:
         self.hub = Hub()
         self.got = collect(self.hub)
         self.rx = Receiver(self.hub, [self.endpoint])
+        self.clients: list[TestClient] = []
 
     def __enter__(self) -> Listening:
         self.rx.bind()
@@ -64,12 +65,18 @@ class Listening:
         return self
 
     def __exit__(self, *_exc: object) -> None:
+        for client in self.clients:  # the app's lifespan ends: each emitter closes
+            client.__exit__(None, None, None)
         self.rx.stop()
 
     def client(self) -> TestClient:
+        """A client of the app behind the middleware, its lifespan started (and ended
+        when this ends)."""
         app = echo_app()
         app.add_middleware(KVScopeMiddleware, endpoint=self.endpoint)
-        return TestClient(app)
+        client = TestClient(app).__enter__()
+        self.clients.append(client)
+        return client
 
     def calls(self, n: int) -> list[tuple[wire.ClientStart, wire.ClientEnd]]:
         """The first ``n`` calls, each start with the end that shares its call_id."""
@@ -142,7 +149,18 @@ def test_one_request_id_sent_twice_gets_two_calls(tmp_path: Path) -> None:
 def test_a_dead_sidecar_or_odd_body_never_fails_a_request(tmp_path: Path) -> None:
     app = echo_app()
     app.add_middleware(KVScopeMiddleware, endpoint=f"ipc://{tmp_path}/nobody.sock")
-    client = TestClient(app, raise_server_exceptions=False)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        dead_sidecar_requests(client)
+    emitter = middleware_of(app).emitter
+    assert emitter is not None and emitter._thread is not None
+    # The shutdown ends it, sidecar or not: within its connection grace (1 s) and the
+    # close's bound (1 s) of the shutdown; it may still wait out the grace when told.
+    emitter._thread.join(5.0)
+    assert not emitter._thread.is_alive()
+    assert (emitter.sent, emitter.dropped) == (0, 100)  # every event counted
+
+
+def dead_sidecar_requests(client: TestClient) -> None:
     bare = TestClient(echo_app(), raise_server_exceptions=False)
     for _ in range(50):
         assert client.post("/v1/completions", json={"prompt": "x"}).status_code == 200
@@ -151,3 +169,54 @@ def test_a_dead_sidecar_or_odd_body_never_fails_a_request(tmp_path: Path) -> Non
     assert (client.post("/v1/completions", **odd).status_code
             == bare.post("/v1/completions", **odd).status_code)
     assert client.get("/docs").status_code == 200
+
+
+def middleware_of(app: FastAPI) -> KVScopeMiddleware:
+    """The middleware instance Starlette built for ``app`` (after its first call)."""
+    layer = app.middleware_stack
+    while not isinstance(layer, KVScopeMiddleware):
+        layer = layer.app  # type: ignore[union-attr]
+    return layer
+
+
+def test_at_shutdown_the_emitter_sends_what_it_holds_and_ends(tmp_path: Path) -> None:
+    """The server's lifespan shutdown closes the middleware's emitter: the events of the
+    last requests reach the sidecar, and its thread ends (it reconnected for ever
+    before, in the API server and in every test that made one)."""
+    with Listening(tmp_path) as listening:
+        app = echo_app()
+        app.add_middleware(KVScopeMiddleware, endpoint=listening.endpoint)
+        with TestClient(app) as client:
+            for i in range(20):
+                assert client.post("/v1/completions", json={"prompt": f"p{i}"}).status_code == 200
+            emitter = middleware_of(app).emitter
+            assert emitter is not None and emitter._thread is not None
+            thread = emitter._thread
+            assert thread.is_alive()
+        assert not thread.is_alive()
+        assert (emitter.sent, emitter.dropped) == (40, 0)
+        wait_for(listening.got, 40)
+        assert len(listening.got) == 40
+
+
+def test_a_closed_emitter_counts_what_it_could_not_send(tmp_path: Path) -> None:
+    from kvscope_probe.emitter import Emitter
+
+    start = wire.ClientStart(request_id="r", ts=1.0, endpoint="completions", model="m",
+                             client_id="", user_agent="", api_key_sha256="", prompt_sha256="h",
+                             prompt_chars=1, max_tokens=1)
+    idle = Emitter(f"ipc://{tmp_path}/nobody.sock")
+    idle.close()  # before any event: no thread was started, none is now
+    idle.emit(start)
+    assert idle._thread is None and (idle.sent, idle.dropped, len(idle.queue)) == (0, 1, 0)
+    with Listening(tmp_path) as listening:
+        em = Emitter(listening.endpoint)
+        for _ in range(3):
+            em.emit(start)
+        em.close()
+        em.close()  # twice: nothing more
+        assert em._thread is not None and not em._thread.is_alive()
+        em.emit(start)  # after close: dropped and counted, no thread started again
+        assert (em.sent, em.dropped, len(em.queue)) == (3, 1, 0)
+        wait_for(listening.got, 3)
+        assert len(listening.got) == 3

@@ -333,5 +333,6 @@ def test_the_middlewares_emitter_authenticates_through_the_same_transport(
                              prompt_chars=3, max_tokens=4))
     em.emit(wire.ClientEnd(request_id="kvs1", ts=2.0, status=200, duration_s=1.0))
     wait("the client events at the hub", lambda: len(seen) == 2)
+    em.close()  # it would go on reconnecting to this receiver after the test stops it
     assert em.dropped == 0 and hub.client_records == 2 and rx.gate is not None
     assert rx.gate.accepted == 1 and not rx.refused()
