@@ -49,16 +49,10 @@ def set_table(live: Live, groups: list[list[int]]) -> None:
 
 
 def extend_table(live: Live, groups: list[list[int]]) -> int:
-    """Blocks added by a table's growth (its runs continue from the last block)."""
+    """Blocks added by a table's growth (its runs continue from the last block). The
+    request tracker takes the most common growth, one block in a one-group table, itself
+    (``RequestTracker._step``)."""
     last = live.last_ids
-    if len(groups) == 1 and last and len(groups[0]) == 1:  # one group grew one block
-        b = groups[0][0]
-        live.fragments += b != last[0] + 1
-        last[0] = b
-        blocks = live.blocks = live.blocks + 1
-        if blocks > live.peak_blocks:
-            live.peak_blocks = blocks
-        return 1
     while len(last) < len(groups):
         last.append(-2)
     added = 0

@@ -166,6 +166,18 @@ class RequestTracker:
                 self._resumed(st, s, live, rid, hits)
                 pending.add(rid)
                 continue
+            last = live.last_ids
+            if len(groups) == 1 and len(ids := groups[0]) == 1 and len(last) == 1:
+                # most growths (~16 a step at 256 running): one group, one block
+                b = ids[0]
+                live.fragments += b != last[0] + 1
+                last[0] = b
+                blocks = live.blocks = live.blocks + 1
+                if blocks > live.peak_blocks:
+                    live.peak_blocks = blocks
+                if add is not None:
+                    add(rid, 1, blocks, tokens(rid))
+                continue
             n = extend_table(live, groups)  # 0 when no group grew: no allocation then
             if n and add is not None:
                 add(rid, n, live.blocks, tokens(rid))
