@@ -14,8 +14,10 @@ gathered for 1 s (the default before it was 5 s).
 
 What is measured, per variant: the whole ``kvscope serve`` process's CPU (every thread:
 ingest, HTTP, layout sampler, store) from the moment the engines start stepping until
-the sidecar has ingested their last step, minus its idle CPU rate (measured before the
-engines connect) over the same time, divided by the engine steps it ingested (with
+the sidecar has ingested their last step, minus its idle CPU rate (measured for
+``--idle-s`` before the engines connect, from every thread's scheduler nanoseconds: the
+process's clock-tick total, 10 ms a tick, read 4 to 8 ms a second for the same idle
+sidecar over 5 s) over the same time, divided by the engine steps it ingested (with
 ``--skip-s``, the window starts that long after the engines start stepping: what each
 engine's connection costs once, its first layout row in the store above all, is left out);
 the rows it wrote per second and per step per engine (``kvscope_sink_rows_written_total``); its
@@ -128,6 +130,14 @@ def os_threads(pid: int) -> dict[int, Thread]:
     return out
 
 
+def threads_cpu_s(pid: int) -> float:
+    """CPU seconds of ``pid``'s live threads, from the scheduler's nanoseconds (a thread
+    that ends between two readings is missed: read over an idle sidecar)."""
+    from sidecar_feed import schedstat
+
+    return sum(cpu for _, cpu in schedstat(pid).values())
+
+
 def by_thread_name(before: dict[int, tuple[Any, ...]], after: dict[int, tuple[Any, ...]],
                    pid: int, field: int = 1) -> dict[str, float]:
     """A ``Thread`` field's growth between two ``os_threads`` readings (CPU seconds by
@@ -198,9 +208,9 @@ def measure(args: argparse.Namespace, variant: str, work: Path, label: str,
     try:
         time.sleep(args.settle_s)
         rss_idle = rss_kib(side.pid)
-        c0, t0 = side.cpu_seconds(), time.monotonic()
+        c0, t0 = threads_cpu_s(side.pid), time.monotonic()
         time.sleep(args.idle_s)
-        idle_rate = (side.cpu_seconds() - c0) / (time.monotonic() - t0)
+        idle_rate = (threads_cpu_s(side.pid) - c0) / (time.monotonic() - t0)
         engines = start_engines(args, endpoint, variant)
         names = [f"{variant}-e{i}" for i in range(args.engines)]
         for p in engines:
@@ -269,7 +279,7 @@ def main() -> None:
                    help="seconds between an engine's steps (0.01: at most 100 steps/s)")
     p.add_argument("--warm", type=int, default=200)
     p.add_argument("--steps", type=int, default=2000)
-    p.add_argument("--idle-s", type=float, default=5.0)
+    p.add_argument("--idle-s", type=float, default=10.0)
     p.add_argument("--settle-s", type=float, default=3.0)
     p.add_argument("--skip-s", type=float, default=0.0,
                    help="start measuring this long after the engines start stepping")

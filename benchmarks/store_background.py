@@ -2,7 +2,7 @@
 
     python benchmarks/store_background.py [--frames FILE | --running 256 --steps 6000]
         [--rate 281] [--batch-interval 5] [--busy-s 30] [--idle-s 30] [--rounds 2]
-        [--variants embedded each default] [--out DIR]
+        [--variants embedded each default] [--insert-intervals 30 ...] [--out DIR]
 
 One engine's recorded frames (``ingest_instructions``'s recording, or ``--frames``) are
 replayed through the ``Hub`` and the request tracker once, their rows kept by table. Each
@@ -18,7 +18,8 @@ divided by the seconds rows were handed over.
 Variants, alternated over ``--rounds``: ``embedded`` opens chDB with
 ``kvscope.store.embedded.EMBEDDED_OPTIONS``, inserts with its ``INSERT_SETTINGS`` and
 combines a table's spooled batches into one insert every
-``kvscope.sidecar.config.EMBEDDED_INSERT_INTERVAL_S`` (30 s), as the sidecar does; ``each``
+``kvscope.sidecar.config.EMBEDDED_INSERT_INTERVAL_S`` (30 s), as the sidecar does (each of
+``--insert-intervals`` in a run of its own when given); ``each``
 the same but inserts each batch as it is spooled (the sidecar before the eighteenth pass);
 ``default`` opens and inserts with chDB's defaults, each batch as it is spooled.
 A report, never an assertion.
@@ -92,10 +93,9 @@ def rows_of(path: Path) -> tuple[list[Any], int]:
 
 
 def child(path: Path, variant: str, busy_s: float, idle_s: float, rate: float,
-          interval_s: float) -> dict[str, Any]:
+          interval_s: float, insert_s: float) -> dict[str, Any]:
     import kvscope.store.embedded as embedded
     from kvscope.rows import table_of
-    from kvscope.sidecar.config import EMBEDDED_INSERT_INTERVAL_S
     from kvscope.sinks.options import DeliveryOptions
     from kvscope.store.sink import ClickHouseSink
 
@@ -105,13 +105,14 @@ def child(path: Path, variant: str, busy_s: float, idle_s: float, rate: float,
     rows, steps = rows_of(path)
     per_s = len(rows) / steps * rate
     home = Path(tempfile.mkdtemp(prefix="kvscope-store-bg-"))
-    insert_s = EMBEDDED_INSERT_INTERVAL_S if variant == "embedded" else 0.0
+    insert_s = insert_s if variant == "embedded" else 0.0
     sink = ClickHouseSink(f"chdb://{home / 'chdb'}", spool_dir=str(home / "spool"),
                           options=DeliveryOptions(batch_interval_s=interval_s,
                                                   insert_interval_s=insert_s))
     sink.client()  # opened and the schema applied, as kvscope serve does at start
     time.sleep(1.0)
-    out: dict[str, Any] = {"variant": variant, "rows_per_s": per_s}
+    out: dict[str, Any] = {"variant": variant, "insert_interval_s": insert_s,
+                           "rows_per_s": per_s}
     before, t0, sent = reading(), time.monotonic(), 0
     while (now := time.monotonic() - t0) < busy_s:
         for i in range(sent, int(now * per_s)):  # the recording again once it ends
@@ -133,13 +134,14 @@ def child(path: Path, variant: str, busy_s: float, idle_s: float, rate: float,
 
 
 def main() -> None:
-    if len(sys.argv) == 8 and sys.argv[1] == "--child":
+    if len(sys.argv) == 9 and sys.argv[1] == "--child":
         sys.path.insert(0, str(HERE))
         print(json.dumps(child(Path(sys.argv[2]), sys.argv[3], *map(float, sys.argv[4:]))))
         return
     from ingest_instructions import add_recording_args, child_env, decoding_recording
 
     from kvscope.settings import default
+    from kvscope.sidecar.config import EMBEDDED_INSERT_INTERVAL_S
 
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -153,18 +155,25 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--variants", nargs="+", default=["embedded", "each"],
                    choices=["embedded", "each", "default"])
+    p.add_argument("--insert-intervals", type=float, nargs="+",
+                   default=[EMBEDDED_INSERT_INTERVAL_S],
+                   help="embedded: seconds a table's spooled batches wait to be one insert "
+                        "(one run of the variant each)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="kvscope-store-bg-"))
     out.mkdir(parents=True, exist_ok=True)
     path = decoding_recording(args, out)
     results = []
-    print("variant    window  ms CPU/s  by thread (ms/s, wake-ups/s)")
+    print("variant        window  ms CPU/s  by thread (ms/s, wake-ups/s)")
+    runs = [(v, s) for v in args.variants
+            for s in (args.insert_intervals if v == "embedded" else [0.0])]
     for _ in range(args.rounds):
-        for variant in args.variants:
+        for variant, insert_s in runs:
             proc = subprocess.run(
                 [sys.executable, str(Path(__file__)), "--child", str(path), variant,
-                 str(args.busy_s), str(args.idle_s), str(args.rate), str(args.batch_interval)],
+                 str(args.busy_s), str(args.idle_s), str(args.rate), str(args.batch_interval),
+                 str(insert_s)],
                 env=child_env(ROOT / "exporter"), capture_output=True, text=True, check=True)
             got = json.loads(proc.stdout.strip().splitlines()[-1])
             results.append(got)
@@ -172,7 +181,8 @@ def main() -> None:
                 top = ", ".join(f"{n} {c:.2f} ({k:g})"
                                 for n, (c, k) in list(got[w]["by_thread"].items())[:7])
                 rss = got[w]["rss_mib"]
-                print(f"{variant:9s}  {w:6s}  {got[w]['ms_per_s']:8.2f}  RSS {rss['VmRSS']:.0f} "
+                name = f"{variant}:{insert_s:g}" if variant == "embedded" else variant
+                print(f"{name:13s}  {w:6s}  {got[w]['ms_per_s']:8.2f}  RSS {rss['VmRSS']:.0f} "
                       f"(peak {rss['VmHWM']:.0f}) MiB  {top}")
     summary = {"bench": "store_background", "frames": str(path), "results": results}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
