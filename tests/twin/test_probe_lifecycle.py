@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import gc
+import sys
 import threading
 import time
+import traceback
 import weakref
 from typing import Any
 
@@ -23,6 +25,36 @@ Twin = pytest.importorskip("kvscope.twin.engine").Twin
 
 def senders_alive() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "kvscope-probe-sender"]
+
+
+class Stalls:
+    """What held a thread up while this test waited on it: the collector's pauses (by
+    generation) while it waited, and, when it is still alive, where it stands."""
+
+    def __init__(self) -> None:
+        self.collections: list[tuple[int, float]] = []
+        self._t0 = 0.0
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.collections.append((info["generation"], time.perf_counter() - self._t0))
+
+    def join(self, thread: threading.Thread, timeout_s: float) -> str:
+        """Join ``thread``; "" when it ended, else what may have held it."""
+        t0 = time.monotonic()
+        gc.callbacks.append(self._on_gc)
+        try:
+            thread.join(timeout_s)
+        finally:
+            gc.callbacks.remove(self._on_gc)
+        if not thread.is_alive():
+            return ""
+        frame = sys._current_frames().get(thread.ident or -1)
+        stack = "".join(traceback.format_stack(frame)) if frame else "(no frame)"
+        return (f"alive {time.monotonic() - t0:.2f} s after the stop; collections while "
+                f"waiting (generation, s): {self.collections}; its stack:\n{stack}")
 
 
 def test_three_schedulers_in_turn_leave_one_sender_and_no_pinned_pool(
@@ -97,8 +129,9 @@ def test_vllms_shutdown_ends_the_sender_and_every_hook_passes_through(
         assert len(mine) == 1 and mine[0].is_alive()
         assert twin.scheduler.shutdown() is None  # vLLM's own method ran, its result kept
         assert not rec.enabled and mine[0].stop_event.is_set()
-        mine[0].join(5.0)  # the flush is bounded at ~2 s (nobody reads this socket)
-        assert not mine[0].is_alive()
+        # the flush is bounded at ~2 s (nobody reads this socket); it takes ~0.4 s here
+        held = Stalls().join(mine[0], 5.0)
+        assert not mine[0].is_alive(), held
         seq = rec.seq
         twin.run(generate(WorkloadSpec(n_requests=2, seed=2)))  # a scheduler used after it
         assert rec.seq == seq  # nothing recorded
