@@ -90,6 +90,38 @@ def test_sampling_is_rate_limited_and_an_idle_engine_costs_no_new_bytes() -> Non
     assert [s.ts for s in sampler.snapshots("0", 10.5, 12.0)] == [11.0, 12.0]
 
 
+def test_a_sample_is_built_when_first_read_and_its_build_is_counted_in_the_history() -> None:
+    """The sampler copies the pool each tick; its runs and owners are built only when
+    read (once, whoever reads), and the bytes the build adds are counted against the
+    history's bound; a sample that left the history is not counted when read later."""
+    hub = pool([N, U, U, F, U, C, F, F], {"a": [[1, 2]], "b": [[4]]}, {"a": 20, "b": 9})
+    sampler = LayoutSampler(hub, history=2)
+    (first,) = sampler.tick(now=1.0)
+    assert not first.layout.is_built
+    assert sampler._bytes["0"] == first.cost
+    assert (first.free_blocks, first.used_blocks, first.max_contiguous_free) == (4, 3, 3)
+    runs = first.runs
+    assert first.layout.is_built and first.runs is runs
+    assert [o.req_id for o in first.owners] == ["a", "b"]
+    assert [o.tokens for o in first.owners] == [20, 9]
+    added = runs.nbytes - 8  # the runs, less the copy's 8 bytes of states
+    assert first.layout.charged == added
+    assert sampler._bytes["0"] == first.cost + added
+    feed(hub, [step(ops=[(wire.OP_ALLOC, [3])], free_blocks=3)], 3)
+    (second,) = sampler.tick(now=2.0)
+    feed(hub, [step(ops=[(wire.OP_ALLOC, [6])], free_blocks=2)], 4)
+    (third,) = sampler.tick(now=3.0)  # the first leaves (two kept)
+    assert sampler._bytes["0"] == second.cost + third.cost
+    assert sampler.snapshots("0", 0, 10) == [second, third]
+    feed(hub, [step(ops=[(wire.OP_ALLOC, [7])], free_blocks=1)], 5)
+    sampler.tick(now=4.0)  # the second leaves, never read
+    kept = sampler.snapshots("0", 0, 10)
+    assert second.runs.tolist() == [[N, -1, 0, 1], [U, 0, 0, 2], [U, -1, 0, 1], [U, 1, 0, 1],
+                                    [C, -1, 0, 1], [F, -1, 0, 2]]  # block 3: no table's
+    assert second.layout.charged == 0  # built after it left: not counted
+    assert sampler._bytes["0"] == sum(s.cost for s in kept)
+
+
 def test_a_stale_ledger_is_not_sampled_and_says_so() -> None:
     hub = pool([N, F, F], {}, {})
     sampler = LayoutSampler(hub)

@@ -127,8 +127,8 @@ def test_a_snapshot_equals_the_pass_per_figure_reading(groups: int) -> None:
             states[1:] = np.repeat(states[1:], 8)[: n - 1]
         tables = random_tables(rng, max(n, 2), groups)
         hello = wire.Hello("e", "s", 1, "0", "m", n, 16, kinds, 64, 64, 8, "fcfs", True, 0.0)
-        snap = build_snapshot(EngineCopy(hello, 1, None, states.tobytes(), tables, {}, None),
-                              1.0)
+        snap = build_snapshot(
+            EngineCopy.from_tables(hello, 1, None, states.tobytes(), tables, {}, None), 1.0)
         runs, free, cached, used, longest = reference_pool(states, tables, groups > 1)
         assert snap.runs.tolist() == runs
         _, _, want = reference(tables, n, groups > 1)

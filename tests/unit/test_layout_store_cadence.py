@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvscope.layout.snapshot import Snapshot
+from kvscope.layout.snapshot import Layout, Snapshot
 from kvscope.layout.store_cadence import StoreCadence
 
 
 def snap(ts: float, step: int, preemptions: int = 0, session: str = "a",
          engine: str = "0") -> Snapshot:
     return Snapshot(engine=engine, model="m", session=session, ts=ts, step=step, step_ts=0.0,
-                    num_blocks=8, kv_groups=(), runs=np.zeros((0, 4), np.int32), owners=(),
+                    num_blocks=8, kv_groups=(), layout=Layout.of(np.zeros((0, 4), np.int32), ()),
                     free_blocks=8, cached_blocks=0, used_blocks=0, max_contiguous_free=8,
                     budget_utilization=None, running=0, waiting=0, preemptions=preemptions)
 

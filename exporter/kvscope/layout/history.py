@@ -8,7 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from kvscope.layout.snapshot import GroupTable, Owner, Snapshot, decode_runs, encode_runs
+from kvscope.layout.snapshot import (
+    GroupTable,
+    Layout,
+    Owner,
+    Snapshot,
+    decode_runs,
+    encode_runs,
+)
 from kvscope.rows import LayoutSnapshotRow
 from kvscope_probe import wire
 
@@ -76,8 +83,9 @@ def snapshot_from_row(r: tuple[Any, ...]) -> Snapshot:
                    for q, b, f, t in zip(req_ids, blocks, frags, group_runs, strict=True))
     return Snapshot(engine=engine, model=model, session=session, ts=ts.timestamp(),
                     step=int(step), step_ts=0.0, num_blocks=int(num_blocks),
-                    kv_groups=tuple(wire.KVGroup(k, 0) for k in kinds), runs=runs,
-                    owners=owners, free_blocks=int(free), cached_blocks=int(cached),
+                    kv_groups=tuple(wire.KVGroup(k, 0) for k in kinds),
+                    layout=Layout.of(runs, owners), free_blocks=int(free),
+                    cached_blocks=int(cached),
                     used_blocks=int(used), max_contiguous_free=int(maxrun),
                     budget_utilization=None if util < 0 else float(util),
                     running=int(running), waiting=int(waiting), server=server)

@@ -15,23 +15,30 @@ from itertools import chain
 import numpy as np
 
 
-def owner_figures(tables: Mapping[str, list[list[int]]], n: int, owner: np.ndarray,
+def flatten(tables: Mapping[str, list[list[int]]]) -> FlatTables:
+    """Every table's IDs in one array, in listing order (a copy: the tables may change)."""
+    seg_lens = [len(ids) for t in tables.values() for ids in t]
+    flat = np.fromiter(chain.from_iterable(chain.from_iterable(tables.values())), np.int64,
+                       sum(seg_lens))
+    return FlatTables(flat, seg_lens, [len(t) for t in tables.values()])
+
+
+def owner_figures(tables: Mapping[str, list[list[int]]] | FlatTables, n: int, owner: np.ndarray,
                   group: np.ndarray | None, dense: bool | None = None
                   ) -> tuple[list[int], list[int], list[int], FlatTables, np.ndarray]:
     """Fill ``owner`` (index of the request in ``tables``' order, per block) and, when
     given, ``group``; return per request its blocks (in the pool, null excluded), shared
     blocks and fragments (``snapshot.fragments`` of each group, summed); the tables
-    flattened (``FlatTables``: each group's runs, ``snapshot.table_runs``, are built from
-    them when read); and the IDs of the blocks it filled, sorted. ``dense``: which way
-    ``first_listings`` goes (None: the cheaper for these sizes)."""
-    seg_lens = [len(ids) for t in tables.values() for ids in t]
-    nreq = len(tables)
-    seg_req = np.fromiter((i for i, t in enumerate(tables.values()) for _ in t), np.int64,
-                          len(seg_lens))
-    seg_group = np.fromiter((g for t in tables.values() for g in range(len(t))), np.int64,
-                            len(seg_lens))
-    flat = np.fromiter(chain.from_iterable(chain.from_iterable(tables.values())), np.int64,
-                       sum(seg_lens))
+    flattened (``FlatTables``, or ``tables`` itself when flattened already: each group's
+    runs, ``snapshot.table_runs``, are built from them when read); and the IDs of the
+    blocks it filled, sorted. ``dense``: which way ``first_listings`` goes (None: the
+    cheaper for these sizes)."""
+    flat_tables = tables if isinstance(tables, FlatTables) else flatten(tables)
+    flat, seg_lens = flat_tables.flat, flat_tables.seg_lens
+    groups = np.asarray(flat_tables.groups, np.int64)
+    nreq = groups.size
+    seg_req = np.repeat(np.arange(nreq), groups)
+    seg_group = np.arange(len(seg_lens)) - np.repeat(np.cumsum(groups) - groups, groups)
     seg_of = np.repeat(np.arange(len(seg_lens)), seg_lens)
     req_of = seg_req[seg_of]
     valid = (flat > 0) & (flat < n)
@@ -49,7 +56,7 @@ def owner_figures(tables: Mapping[str, list[list[int]]], n: int, owner: np.ndarr
             np.bincount(vreq, weights=shared, minlength=nreq).astype(np.int64).tolist(),
             np.bincount(req_of[pos], weights=new_frag, minlength=nreq).astype(np.int64)
             .tolist(),
-            FlatTables(flat, seg_lens, [len(t) for t in tables.values()]), blocks)
+            flat_tables, blocks)
 
 
 def dense_is_cheaper(listings: int, n: int) -> bool:

@@ -12,10 +12,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from kvscope.layout.snapshot import (
     EngineCopy,
+    Layout,
     Owner,
     Snapshot,
     build_snapshot,
@@ -58,7 +60,7 @@ class LayoutSampler:
         self.interval_s = interval_s
         self.history = history
         self.history_bytes = history_bytes
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
         self._snaps: dict[str, deque[Snapshot]] = {}
         self._bytes: dict[str, int] = {}
         self._points: dict[str, deque[Point]] = {}
@@ -124,11 +126,30 @@ class LayoutSampler:
         ring = self._snaps.setdefault(name, deque())
         ring.append(snap)
         self._bytes[name] = self._bytes.get(name, 0) + snap.cost
-        while len(ring) > 1 and (len(ring) > self.history
-                                 or self._bytes[name] > self.history_bytes):
-            self._bytes[name] -= ring.popleft().cost
+        if snap.cost and not snap.layout.is_built:  # its build, when read, is counted too
+            snap.layout.grew = partial(self._grew, name)
+        self._trim(name)
         self._points_of(name).append(Point(snap.ts, snap.free_blocks,
                                            snap.max_contiguous_free, snap.budget_utilization))
+
+    def _grew(self, name: str, layout: Layout, added: int) -> None:
+        """A kept snapshot's runs and owners were built (read): ``added`` bytes more."""
+        with self.lock:
+            if layout.grew is None:  # it left the history before its build was done
+                return
+            layout.grew = None
+            layout.charged = added
+            self._bytes[name] += added
+            self._trim(name)
+
+    def _trim(self, name: str) -> None:
+        ring = self._snaps[name]
+        while len(ring) > 1 and (len(ring) > self.history
+                                 or self._bytes[name] > self.history_bytes):
+            old = ring.popleft()
+            if old.cost:  # the one that counted its layout's bytes (an idle copy does not)
+                self._bytes[name] -= old.cost + old.layout.charged
+                old.layout.grew = None
 
     # -- reading ------------------------------------------------------------------------
     def latest(self, engine: str) -> Snapshot | None:

@@ -10,19 +10,23 @@ Block state is pool-wide. With one KV cache group every block is in group 0; wit
 an allocated block is in the group whose table lists it, and free, cached and null blocks
 are shared (group -1). Each owner also keeps its block table per group as runs of
 consecutive IDs, ``(first, length)``, where ``first == 0`` is a run of null placeholders
-(a sliding-window or Mamba group nulls the entries it no longer needs). Pure functions:
-no lock, no I/O.
+(a sliding-window or Mamba group nulls the entries it no longer needs).
+
+A sampled snapshot's figures are taken with its copy of the pool; its runs and owners are
+built from the copy the first time they are read (``Layout``: most samples are never read,
+and the build was most of the sampler's CPU). No I/O; the one lock is the build's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
 import numpy as np
 
-from kvscope.layout.owners import FlatTables, owner_figures
+from kvscope.layout.owners import FlatTables, flatten, owner_figures
 from kvscope.state.engine import EngineState
 from kvscope_probe import wire
 from kvscope_probe.identity import engine_key
@@ -103,9 +107,8 @@ class Snapshot:
     """Engine wall time of that step (0.0 before the first step)."""
     num_blocks: int
     kv_groups: tuple[wire.KVGroup, ...]
-    runs: np.ndarray
-    """int32 rows (state, owner index or -1, group or -1, length) covering every block."""
-    owners: Sequence[Owner]
+    layout: Layout
+    """Its ``runs`` and ``owners``, built the first time either is read."""
     free_blocks: int
     cached_blocks: int
     used_blocks: int
@@ -114,7 +117,8 @@ class Snapshot:
     running: int
     waiting: int
     cost: int = 0
-    """Bytes this snapshot adds to the history (0 when it shares its runs)."""
+    """Bytes this snapshot adds to the history (0 when it shares another's layout): its
+    copy's; a build adds its runs' and drops the copy's states (``Layout.grew``)."""
     server: str = ""
     """The engine's server label (EngineState.server)."""
     preemptions: int = 0
@@ -124,6 +128,65 @@ class Snapshot:
     def key(self) -> str:
         """The engine's name in the sidecar (EngineState.key)."""
         return engine_key(self.server, self.engine)
+
+    @property
+    def runs(self) -> np.ndarray:
+        """int32 rows (state, owner index or -1, group or -1, length) covering every block."""
+        return self.layout.get()[0]
+
+    @property
+    def owners(self) -> Sequence[Owner]:
+        return self.layout.get()[1]
+
+
+_BUILD_LOCK = threading.Lock()
+"""Held while a layout is built (rarely two at once: one thread must not wait on another's
+build for long, and none builds twice)."""
+
+
+class Layout:
+    """A snapshot's pool runs and owners. A sampled one holds the engine's copy and builds
+    them from it the first time they are read (a snapshot is read when shown, stored or
+    exported; most samples are none of these: the sampler keeps one a second, the store
+    one a minute), then lets the copy go. ``grew``, when set, is told how many bytes the
+    build added to the snapshot (``Snapshot.cost`` counts the copy)."""
+
+    __slots__ = ("_copy", "_built", "grew", "charged")
+
+    def __init__(self, copy: EngineCopy | None = None,
+                 built: tuple[np.ndarray, Sequence[Owner]] | None = None) -> None:
+        if (copy is None) == (built is None):
+            raise ValueError("a layout is built or has a copy to build from, not both")
+        self._copy = copy
+        self._built = built
+        self.grew: Callable[[Layout, int], None] | None = None
+        self.charged = 0
+        """Bytes of the build counted by whoever ``grew`` told."""
+
+    @classmethod
+    def of(cls, runs: np.ndarray, owners: Sequence[Owner]) -> Layout:
+        return cls(built=(runs, owners))
+
+    @property
+    def is_built(self) -> bool:
+        return self._built is not None
+
+    def get(self) -> tuple[np.ndarray, Sequence[Owner]]:
+        built = self._built
+        if built is not None:
+            return built
+        with _BUILD_LOCK:
+            built = self._built
+            if built is not None:
+                return built
+            copy = self._copy
+            assert copy is not None
+            built = self._built = pool_layout(copy)
+            self._copy = None
+        grew = self.grew
+        if grew is not None:  # after the lock: ``grew`` takes its owner's
+            grew(self, built[0].nbytes - len(copy.states))
+        return built
 
 
 class Owners(Sequence[Owner]):
@@ -202,14 +265,19 @@ def decode_runs(runs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 @dataclass(frozen=True)
 class EngineCopy:
-    """What a snapshot needs from an EngineState, copied under the hub lock."""
+    """What a snapshot needs from an EngineState, copied under the hub lock: the block
+    states, the tables flattened (one array, ``owners.FlatTables``), the requests' tokens
+    in the tables' order, and the figures the ledger keeps."""
 
     hello: wire.Hello
     steps: int
     last_step: wire.Step | None
     states: bytes
-    tables: dict[str, list[list[int]]]
-    tokens: dict[str, int]
+    tables: FlatTables
+    req_ids: tuple[str, ...]
+    tokens: list[int]
+    longest_free: int
+    """The longest run of consecutive free block IDs (``Ledger.max_contiguous_free``)."""
     budget_utilization: float | None
     server: str = ""
     preemptions: int = 0
@@ -217,10 +285,26 @@ class EngineCopy:
     @classmethod
     def of(cls, st: EngineState) -> EngineCopy:
         led = st.ledger
+        tokens = led.tokens
         return cls(st.hello, st.counters.steps, st.last_step, bytes(led.states),
-                   {r: [list(g) for g in t] for r, t in led.tables.items()},
-                   dict(led.tokens), st.budget_utilization(), st.server,
-                   sum(st.counters.preemptions.values()))
+                   flatten(led.tables), tuple(led.tables),
+                   [tokens.get(r, 0) for r in led.tables], led.max_contiguous_free(),
+                   st.budget_utilization(), st.server, sum(st.counters.preemptions.values()))
+
+    @classmethod
+    def from_tables(cls, hello: wire.Hello, steps: int, last_step: wire.Step | None,
+                    states: bytes, tables: Mapping[str, list[list[int]]],
+                    tokens: Mapping[str, int], budget_utilization: float | None,
+                    server: str = "", preemptions: int = 0) -> EngineCopy:
+        """A copy of a pool given as its parts (the longest free run counted here)."""
+        return cls(hello, steps, last_step, bytes(states), flatten(tables), tuple(tables),
+                   [tokens.get(r, 0) for r in tables], longest_free_run(states),
+                   budget_utilization, server, preemptions)
+
+    @property
+    def nbytes(self) -> int:
+        """About what it holds (its tables and tokens as a built snapshot's owners)."""
+        return len(self.states) + self.tables.nbytes + 96 * len(self.req_ids)
 
 
 def pool_runs(states: np.ndarray, owner: np.ndarray, group: np.ndarray, listed: np.ndarray,
@@ -250,6 +334,14 @@ def pool_runs(states: np.ndarray, owner: np.ndarray, group: np.ndarray, listed: 
     ).astype(np.int32)
 
 
+def longest_free_run(states: bytes) -> int:
+    """The longest run of consecutive free (or cached) blocks in a pool's states."""
+    free = np.zeros(len(states) + 2, bool)
+    np.less_equal(np.frombuffer(states, np.uint8), wire.STATE_CACHED, out=free[1:-1])
+    edges = np.flatnonzero(free[1:] != free[:-1])  # run starts and ends, alternating
+    return int((edges[1::2] - edges[0::2]).max()) if edges.size else 0
+
+
 def free_run_lengths(runs: np.ndarray) -> np.ndarray:
     """Lengths of the maximal runs of free (or cached) blocks, from a pool's runs."""
     free = (runs[:, 0] <= wire.STATE_CACHED).astype(np.int8)
@@ -259,7 +351,25 @@ def free_run_lengths(runs: np.ndarray) -> np.ndarray:
 
 
 def build_snapshot(c: EngineCopy, ts: float) -> Snapshot:
-    """Compute a snapshot from a copy of one engine's ledger (no lock needed)."""
+    """A snapshot of a copy of one engine's ledger (no lock needed): its figures now, its
+    runs and owners when first read (``Layout``)."""
+    states = c.states
+    free, cached = states.count(wire.STATE_FREE), states.count(wire.STATE_CACHED)
+    last = c.last_step
+    return Snapshot(
+        engine=c.hello.engine, model=c.hello.model, session=c.hello.session, ts=ts,
+        step=c.steps, step_ts=last.ts if last else 0.0, num_blocks=len(states),
+        kv_groups=tuple(c.hello.kv_groups), layout=Layout(c),
+        free_blocks=free + cached, cached_blocks=cached,
+        used_blocks=states.count(wire.STATE_USED), max_contiguous_free=c.longest_free,
+        budget_utilization=c.budget_utilization,
+        running=last.running if last else 0, waiting=last.waiting if last else 0,
+        cost=c.nbytes + 256, server=c.server, preemptions=c.preemptions,
+    )
+
+
+def pool_layout(c: EngineCopy) -> tuple[np.ndarray, Owners]:
+    """A copied pool's runs and owners."""
     arr = np.frombuffer(c.states, dtype=np.uint8)
     n = arr.size
     multi = len(c.hello.kv_groups) > 1
@@ -268,21 +378,5 @@ def build_snapshot(c: EngineCopy, ts: float) -> Snapshot:
     group = np.full(n, rest, np.int16)
     blocks, shared, frags, tables, listed = owner_figures(c.tables, n, owner,
                                                           group if multi else None)
-    owners = Owners(tuple(c.tables), blocks, frags, [c.tokens.get(r, 0) for r in c.tables],
-                    shared, tables)
-    runs = pool_runs(arr, owner, group, listed, rest)
-    free_runs = free_run_lengths(runs)
-    counts = np.bincount(runs[:, 0], weights=runs[:, 3], minlength=wire.STATE_NULL + 1)
-    last = c.last_step
-    return Snapshot(
-        engine=c.hello.engine, model=c.hello.model, session=c.hello.session, ts=ts,
-        step=c.steps, step_ts=last.ts if last else 0.0, num_blocks=n,
-        kv_groups=tuple(c.hello.kv_groups), runs=runs, owners=owners,
-        free_blocks=int(counts[wire.STATE_FREE] + counts[wire.STATE_CACHED]),
-        cached_blocks=int(counts[wire.STATE_CACHED]),
-        used_blocks=int(counts[wire.STATE_USED]),
-        max_contiguous_free=int(free_runs.max()) if free_runs.size else 0,
-        budget_utilization=c.budget_utilization,
-        running=last.running if last else 0, waiting=last.waiting if last else 0,
-        cost=runs.nbytes + owners.nbytes + 256, server=c.server, preemptions=c.preemptions,
-    )
+    owners = Owners(c.req_ids, blocks, frags, c.tokens, shared, tables)
+    return pool_runs(arr, owner, group, listed, rest), owners
