@@ -104,7 +104,7 @@ def test_a_sample_is_built_when_first_read_and_its_build_is_counted_in_the_histo
     assert first.layout.is_built and first.runs is runs
     assert [o.req_id for o in first.owners] == ["a", "b"]
     assert [o.tokens for o in first.owners] == [20, 9]
-    added = runs.nbytes - 8  # the runs, less the copy's 8 bytes of states
+    added = runs.nbytes - 8  # the runs, less the copy's states (a byte a block: 6 runs)
     assert first.layout.charged == added
     assert sampler._bytes["0"] == first.cost + added
     feed(hub, [step(ops=[(wire.OP_ALLOC, [3])], free_blocks=3)], 3)
@@ -120,6 +120,20 @@ def test_a_sample_is_built_when_first_read_and_its_build_is_counted_in_the_histo
                                     [C, -1, 0, 1], [F, -1, 0, 2]]  # block 3: no table's
     assert second.layout.charged == 0  # built after it left: not counted
     assert sampler._bytes["0"] == sum(s.cost for s in kept)
+
+
+def test_a_copy_keeps_a_pools_states_as_runs_where_they_are_smaller() -> None:
+    from kvscope.layout.snapshot import StateRuns
+
+    idle = bytes([N] + [F] * 500 + [U] * 20 + [C] * 3 + [F] * 99)
+    busy = bytes([N] + [U, F, U, C] * 30)
+    for states, form in ((idle, "runs"), (busy, "bytes"), (b"", "bytes"), (bytes([N]), "runs")):
+        s = StateRuns.of(states)
+        assert ("runs" if s.starts is not None else "bytes") == form
+        assert s.expand().tobytes() == states
+        assert s.counts() == [states.count(k) for k in (F, C, U, N)]
+        assert s.nbytes == (5 * s.starts.size if s.starts is not None else len(states))
+    assert StateRuns.of(idle).nbytes == 5 * 5  # null, free, used, cached, free
 
 
 def test_a_stale_ledger_is_not_sampled_and_says_so() -> None:

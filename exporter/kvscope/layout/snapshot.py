@@ -118,7 +118,7 @@ class Snapshot:
     waiting: int
     cost: int = 0
     """Bytes this snapshot adds to the history (0 when it shares another's layout): its
-    copy's; a build adds its runs' and drops the copy's states (``Layout.grew``)."""
+    copy's; a build adds its runs' and drops the copy's states' (``Layout.grew``)."""
     server: str = ""
     """The engine's server label (EngineState.server)."""
     preemptions: int = 0
@@ -185,7 +185,7 @@ class Layout:
             self._copy = None
         grew = self.grew
         if grew is not None:  # after the lock: ``grew`` takes its owner's
-            grew(self, built[0].nbytes - len(copy.states))
+            grew(self, built[0].nbytes - copy.states.nbytes)
         return built
 
 
@@ -264,15 +264,60 @@ def decode_runs(runs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 @dataclass(frozen=True)
+class StateRuns:
+    """A pool's block states, kept as runs of one state where that is smaller (an idle
+    pool of 131,072 blocks has a handful), else one byte a block (a busy pool of 32,768
+    has more runs than a run's five bytes pay for)."""
+
+    starts: np.ndarray | None
+    """int32, ascending, the first 0: where each run starts; None: ``values`` has one
+    entry per block."""
+    values: np.ndarray
+    """uint8 ``wire.STATE_*``: each run's, or each block's."""
+    num_blocks: int
+
+    @classmethod
+    def of(cls, states: bytes | bytearray) -> StateRuns:
+        arr = np.frombuffer(states, np.uint8)  # a view, let go on return
+        starts = np.flatnonzero(arr[1:] != arr[:-1]).astype(np.int32)
+        if 5 * starts.size >= arr.size:
+            return cls(None, arr.copy(), arr.size)
+        starts += 1
+        starts = np.concatenate((np.zeros(min(arr.size, 1), np.int32), starts))
+        return cls(starts, arr[starts], arr.size)
+
+    @property
+    def nbytes(self) -> int:
+        return self.values.nbytes + (self.starts.nbytes if self.starts is not None else 0)
+
+    def counts(self) -> list[int]:
+        """Blocks in each state (index ``wire.STATE_*``)."""
+        if self.starts is None:
+            return np.bincount(self.values, minlength=wire.STATE_NULL + 1).tolist()
+        return np.bincount(self.values, weights=self._lengths(),
+                           minlength=wire.STATE_NULL + 1).astype(np.int64).tolist()
+
+    def expand(self) -> np.ndarray:
+        """The states, one uint8 per block."""
+        if self.starts is None:
+            return self.values
+        return np.repeat(self.values, self._lengths())
+
+    def _lengths(self) -> np.ndarray:
+        assert self.starts is not None
+        return np.diff(np.append(self.starts, self.num_blocks))
+
+
+@dataclass(frozen=True)
 class EngineCopy:
     """What a snapshot needs from an EngineState, copied under the hub lock: the block
-    states, the tables flattened (one array, ``owners.FlatTables``), the requests' tokens
-    in the tables' order, and the figures the ledger keeps."""
+    states as runs, the tables flattened (one array, ``owners.FlatTables``), the
+    requests' tokens in the tables' order, and the longest free run the ledger keeps."""
 
     hello: wire.Hello
     steps: int
     last_step: wire.Step | None
-    states: bytes
+    states: StateRuns
     tables: FlatTables
     req_ids: tuple[str, ...]
     tokens: list[int]
@@ -286,7 +331,7 @@ class EngineCopy:
     def of(cls, st: EngineState) -> EngineCopy:
         led = st.ledger
         tokens = led.tokens
-        return cls(st.hello, st.counters.steps, st.last_step, bytes(led.states),
+        return cls(st.hello, st.counters.steps, st.last_step, StateRuns.of(led.states),
                    flatten(led.tables), tuple(led.tables),
                    [tokens.get(r, 0) for r in led.tables], led.max_contiguous_free(),
                    st.budget_utilization(), st.server, sum(st.counters.preemptions.values()))
@@ -297,14 +342,14 @@ class EngineCopy:
                     tokens: Mapping[str, int], budget_utilization: float | None,
                     server: str = "", preemptions: int = 0) -> EngineCopy:
         """A copy of a pool given as its parts (the longest free run counted here)."""
-        return cls(hello, steps, last_step, bytes(states), flatten(tables), tuple(tables),
-                   [tokens.get(r, 0) for r in tables], longest_free_run(states),
-                   budget_utilization, server, preemptions)
+        return cls(hello, steps, last_step, StateRuns.of(states), flatten(tables),
+                   tuple(tables), [tokens.get(r, 0) for r in tables],
+                   longest_free_run(states), budget_utilization, server, preemptions)
 
     @property
     def nbytes(self) -> int:
         """About what it holds (its tables and tokens as a built snapshot's owners)."""
-        return len(self.states) + self.tables.nbytes + 96 * len(self.req_ids)
+        return self.states.nbytes + self.tables.nbytes + 96 * len(self.req_ids)
 
 
 def pool_runs(states: np.ndarray, owner: np.ndarray, group: np.ndarray, listed: np.ndarray,
@@ -353,15 +398,15 @@ def free_run_lengths(runs: np.ndarray) -> np.ndarray:
 def build_snapshot(c: EngineCopy, ts: float) -> Snapshot:
     """A snapshot of a copy of one engine's ledger (no lock needed): its figures now, its
     runs and owners when first read (``Layout``)."""
-    states = c.states
-    free, cached = states.count(wire.STATE_FREE), states.count(wire.STATE_CACHED)
+    counts = c.states.counts()
+    free, cached = counts[wire.STATE_FREE], counts[wire.STATE_CACHED]
     last = c.last_step
     return Snapshot(
         engine=c.hello.engine, model=c.hello.model, session=c.hello.session, ts=ts,
-        step=c.steps, step_ts=last.ts if last else 0.0, num_blocks=len(states),
+        step=c.steps, step_ts=last.ts if last else 0.0, num_blocks=c.states.num_blocks,
         kv_groups=tuple(c.hello.kv_groups), layout=Layout(c),
         free_blocks=free + cached, cached_blocks=cached,
-        used_blocks=states.count(wire.STATE_USED), max_contiguous_free=c.longest_free,
+        used_blocks=counts[wire.STATE_USED], max_contiguous_free=c.longest_free,
         budget_utilization=c.budget_utilization,
         running=last.running if last else 0, waiting=last.waiting if last else 0,
         cost=c.nbytes + 256, server=c.server, preemptions=c.preemptions,
@@ -370,7 +415,7 @@ def build_snapshot(c: EngineCopy, ts: float) -> Snapshot:
 
 def pool_layout(c: EngineCopy) -> tuple[np.ndarray, Owners]:
     """A copied pool's runs and owners."""
-    arr = np.frombuffer(c.states, dtype=np.uint8)
+    arr = c.states.expand()
     n = arr.size
     multi = len(c.hello.kv_groups) > 1
     rest = SHARED_GROUP if multi else 0
