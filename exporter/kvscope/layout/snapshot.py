@@ -28,6 +28,7 @@ import numpy as np
 
 from kvscope.layout.owners import FlatTables, flatten, owner_figures
 from kvscope.state.engine import EngineState
+from kvscope.state.free_run import free_run_lengths
 from kvscope_probe import wire
 from kvscope_probe.identity import engine_key
 
@@ -330,21 +331,24 @@ class EngineCopy:
     @classmethod
     def of(cls, st: EngineState) -> EngineCopy:
         led = st.ledger
-        tokens = led.tokens
-        return cls(st.hello, st.counters.steps, st.last_step, StateRuns.of(led.states),
-                   flatten(led.tables), tuple(led.tables),
-                   [tokens.get(r, 0) for r in led.tables], led.max_contiguous_free(),
-                   st.budget_utilization(), st.server, sum(st.counters.preemptions.values()))
+        return cls.from_tables(st.hello, st.counters.steps, st.last_step, led.states,
+                               led.tables, led.tokens, st.budget_utilization(), st.server,
+                               sum(st.counters.preemptions.values()),
+                               longest_free=led.max_contiguous_free())
 
     @classmethod
     def from_tables(cls, hello: wire.Hello, steps: int, last_step: wire.Step | None,
-                    states: bytes, tables: Mapping[str, list[list[int]]],
+                    states: bytes | bytearray, tables: Mapping[str, list[list[int]]],
                     tokens: Mapping[str, int], budget_utilization: float | None,
-                    server: str = "", preemptions: int = 0) -> EngineCopy:
-        """A copy of a pool given as its parts (the longest free run counted here)."""
+                    server: str = "", preemptions: int = 0,
+                    longest_free: int | None = None) -> EngineCopy:
+        """A copy of a pool given as its parts (nothing of them kept); ``longest_free``
+        counted from ``states`` when not given."""
+        if longest_free is None:
+            longest_free = int(free_run_lengths(states, wire.STATE_CACHED).max(initial=0))
         return cls(hello, steps, last_step, StateRuns.of(states), flatten(tables),
-                   tuple(tables), [tokens.get(r, 0) for r in tables],
-                   longest_free_run(states), budget_utilization, server, preemptions)
+                   tuple(tables), [tokens.get(r, 0) for r in tables], longest_free,
+                   budget_utilization, server, preemptions)
 
     @property
     def nbytes(self) -> int:
@@ -377,22 +381,6 @@ def pool_runs(states: np.ndarray, owner: np.ndarray, group: np.ndarray, listed: 
     return np.stack(
         [states[starts], owner[starts], group[starts], lengths], axis=1
     ).astype(np.int32)
-
-
-def longest_free_run(states: bytes) -> int:
-    """The longest run of consecutive free (or cached) blocks in a pool's states."""
-    free = np.zeros(len(states) + 2, bool)
-    np.less_equal(np.frombuffer(states, np.uint8), wire.STATE_CACHED, out=free[1:-1])
-    edges = np.flatnonzero(free[1:] != free[:-1])  # run starts and ends, alternating
-    return int((edges[1::2] - edges[0::2]).max()) if edges.size else 0
-
-
-def free_run_lengths(runs: np.ndarray) -> np.ndarray:
-    """Lengths of the maximal runs of free (or cached) blocks, from a pool's runs."""
-    free = (runs[:, 0] <= wire.STATE_CACHED).astype(np.int8)
-    edges = np.diff(np.concatenate(([0], free, [0])))
-    at = np.concatenate(([0], np.cumsum(runs[:, 3], dtype=np.int64)))
-    return at[np.flatnonzero(edges == -1)] - at[np.flatnonzero(edges == 1)]
 
 
 def build_snapshot(c: EngineCopy, ts: float) -> Snapshot:

@@ -32,6 +32,15 @@ SCAN_BELOW = 2 * CHUNK
 read +45 k instructions a step in chunks)."""
 
 
+def free_run_lengths(states: bytes | bytearray, free_max: int) -> np.ndarray:
+    """Lengths of the maximal runs of consecutive block IDs whose state is at most
+    ``free_max``, in block order (one pass over every block)."""
+    free = np.zeros(len(states) + 2, dtype=bool)
+    np.less_equal(np.frombuffer(states, np.uint8), free_max, out=free[1:-1])
+    edges = np.flatnonzero(free[1:] != free[:-1])  # run starts and ends, alternating
+    return edges[1::2] - edges[0::2]
+
+
 class LongestFreeRun:
     """The longest run of consecutive block IDs whose state is at most ``free_max``."""
 

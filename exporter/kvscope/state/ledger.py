@@ -11,7 +11,7 @@ from operator import itemgetter
 
 import numpy as np
 
-from kvscope.state.free_run import ALL, SCAN_BELOW, LongestFreeRun
+from kvscope.state.free_run import ALL, SCAN_BELOW, LongestFreeRun, free_run_lengths
 from kvscope.state.token_counts import ListEdit, TokenCounts
 from kvscope_probe import wire
 
@@ -153,10 +153,7 @@ class Ledger:
         once per version of the states: do not modify the array)."""
         version, runs = self._runs
         if version != self.version:
-            free = np.zeros(self.num_blocks + 2, dtype=bool)
-            np.less_equal(self.array(), _FREE_MAX, out=free[1:-1])
-            edges = np.flatnonzero(free[1:] != free[:-1])  # run starts and ends, alternating
-            runs = np.sort(edges[1::2] - edges[0::2])
+            runs = np.sort(free_run_lengths(self.states, _FREE_MAX))
             self._runs = (self.version, runs)
         return runs
 
