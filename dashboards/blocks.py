@@ -11,7 +11,7 @@ from grafana_foundation_sdk.builders import dashboard as db
 
 from dashboards import panels as p
 from dashboards.config import ENGINE_METRIC, Config
-from dashboards.health import probe_health, sink_health, vllm_health
+from dashboards.health import probe_health, sidecar_cost, sink_health, vllm_health
 from dashboards.panels import ID
 from dashboards.promql import rate
 
@@ -46,7 +46,8 @@ def build(cfg: Config) -> p.Board:
     b.row("Preemptions").add(*preemptions(cfg))
     b.row("Tail waste").add(*tail_waste(cfg))
     b.row("GPU and engine process").add(*gpu_and_engine_process(cfg))
-    b.row("kvscope health").add(*probe_health(cfg), *sink_health(cfg), *vllm_health(cfg))
+    b.row("kvscope health").add(*probe_health(cfg), *sidecar_cost(cfg), *sink_health(cfg),
+                                *vllm_health(cfg))
     return b
 
 

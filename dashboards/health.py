@@ -45,6 +45,33 @@ def probe_health(cfg: Config) -> list[p.Panel]:
     ]
 
 
+def sidecar_cost(cfg: Config) -> list[p.Panel]:
+    """What the sidecar itself costs its host: CPU by thread, memory, CPU per engine step."""
+    job = cfg.sel(engine=False)
+    cpu = f"rate(kvscope_sidecar_cpu_seconds_total{job}[$__rate_interval])"
+    steps = f"rate(vllm_scheduler_steps_total{job}[$__rate_interval])"
+    return [
+        p.graph("Sidecar CPU by thread",
+                "CPU cores the kvscope sidecar process used, by thread: ingest (the probe's "
+                "records into the ledger and rows), receiver (the sockets), layout (a "
+                "sample of each pool a second), the sinks' batching and sending threads, "
+                "main (the HTTP server), other (the embedded ClickHouse's own, libzmq's). "
+                "Right axis: its resident memory.",
+                p.prom(rate(cfg, "kvscope_sidecar_cpu_seconds_total", "instance, thread",
+                            engine=False), "{{instance}} {{thread}}"),
+                p.prom(cfg.on_sidecars(f"kvscope_sidecar_resident_memory_bytes{job}"),
+                       "{{instance}} RSS"),
+                right="/RSS/", right_unit="bytes"),
+        p.graph("Sidecar CPU per engine step",
+                "The sidecar's CPU (every thread) divided by the scheduler steps of all the "
+                "engines it serves: what kvscope costs per engine step, whatever the step "
+                "rate (benchmarks/README.md measures it at 256 running requests).",
+                p.prom(cfg.on_sidecars(f"sum by (instance) ({cpu}) / sum by (instance) "
+                                       f"({steps})"), "{{instance}}"),
+                unit="s", minimum=0),
+    ]
+
+
 def sink_health(cfg: Config) -> list[p.Panel]:
     """The sinks: rows written, errors and drops, the spool."""
     job = cfg.sel(engine=False)

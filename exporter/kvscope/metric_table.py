@@ -182,6 +182,12 @@ SIDECAR_METRICS: tuple[Declared, ...] = (
     Declared("kvscope_engine_coarse", GAUGE, ENGINE,
              "1: this engine is seen only through vLLM's /metrics (no probe), so only coarse "
              "figures exist."),
+    Declared("kvscope_sidecar_cpu_seconds", COUNTER, ("thread",),
+             "CPU the sidecar itself used, by thread: each thread kvscope names (ingest, "
+             "receiver, layout, the sinks'...), main (in kvscope serve the HTTP server's), other "
+             "(the embedded store's own, libzmq's, uvloop's)."),
+    Declared("kvscope_sidecar_resident_memory_bytes", GAUGE, (),
+             "Resident memory of the sidecar's process."),
     Declared("kvscope_gpu_memory_used_bytes", GAUGE, ("gpu", "name"), "GPU memory in use (NVML)."),
     Declared("kvscope_gpu_memory_total_bytes", GAUGE, ("gpu", "name"),
              "GPU memory in total (NVML)."),

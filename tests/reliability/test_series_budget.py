@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from kvscope.sidecar.exposition.series_budget import (
     EngineShape,
@@ -34,6 +35,14 @@ SINKS = {"decision_log": 1}
 """``--clickhouse-dsn off`` leaves the decision log, writing one table."""
 TWIN = EngineShape(kv_groups=1, end_statuses=1)
 """The recorded twin run: one full-attention group; every request ends length-capped."""
+THREADS = {"receiver", "ingest", "layout", "decision-log", "main", "other"}
+"""The sidecar's own CPU by thread: its named threads with the store off, the main one
+(uvicorn's), the rest (libzmq's)."""
+
+
+def thread_labels(text: str) -> set[str]:
+    return {s.labels["thread"] for fam in text_string_to_metric_families(text)
+            for s in fam.samples if s.name == "kvscope_sidecar_cpu_seconds_total"}
 
 
 def client_requests(side: ServeProcess) -> float:
@@ -58,8 +67,11 @@ def side(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
 
 
 def test_one_engine_exports_exactly_its_budget(side: ServeProcess) -> None:
-    got = scraped(side.get("/metrics").text)
-    want = engine_series(TWIN) + sidecar_series(SidecarShape(SINKS, clients=1, agents=1))
+    text = side.get("/metrics").text
+    got = scraped(text)
+    assert thread_labels(text) == THREADS
+    want = engine_series(TWIN) + sidecar_series(SidecarShape(SINKS, clients=1, agents=1,
+                                                             threads=len(THREADS)))
     print(f"\nseries budget: one engine {sum(engine_series(TWIN).values())} series, the "
           f"sidecar {sum(got.values())} in all")
     assert got == want
@@ -82,7 +94,8 @@ def test_ten_thousand_clients_stay_within_the_budget(side: ServeProcess) -> None
     got = scraped(text)
     # every label slot taken (the recorded call's client among them), plus ``other``
     want = engine_series(TWIN) + sidecar_series(
-        SidecarShape(SINKS, clients=max_clients + 1, agents=max_agents + 1))
+        SidecarShape(SINKS, clients=max_clients + 1, agents=max_agents + 1,
+                     threads=len(THREADS)))
     limit = ceiling(1, max_clients, max_agents, SINKS)
     m = side.metrics()
     folded = {lbl: m[("kvscope_client_label_overflow_total", frozenset({"label": lbl}.items()))]

@@ -16,11 +16,13 @@ from kvscope.layout.api import layout_router
 from kvscope.layout.history import clickhouse_history, layout_rows, to_row
 from kvscope.layout.sampler import LayoutSampler
 from kvscope.layout.store_cadence import StoreCadence
+from kvscope.os_thread import name_os_thread
 from kvscope.rows import RequestTrace
 from kvscope.sidecar import cyclic_gc
 from kvscope.sidecar.config import ServeConfig
 from kvscope.sidecar.exposition.gpu import GpuReader
 from kvscope.sidecar.exposition.metrics import KVScopeCollector
+from kvscope.sidecar.exposition.own_cpu import OwnCpu
 from kvscope.sidecar.exposition.process import ProcessReader
 from kvscope.sidecar.exposition.vllm_metrics import VllmScraper
 from kvscope.sidecar.http.app import create_app
@@ -65,6 +67,7 @@ class Sidecar:
                 vllm=self.scraper,
                 clients=self.clients.stats,
                 receiver=self.receiver,
+                own=OwnCpu(),
             )
         )
         self.registry.register(SinkCollector(self.sinks))
@@ -111,8 +114,13 @@ class Sidecar:
     def start_background(self) -> None:
         """Bind and start everything; the HTTP server runs on its own thread."""
         self._start_workers()
-        self._thread = threading.Thread(target=self.server.run, name="kvscope-http", daemon=True)
+        self._thread = threading.Thread(target=self._serve_http, name="kvscope-http",
+                                        daemon=True)
         self._thread.start()
+
+    def _serve_http(self) -> None:
+        name_os_thread()
+        self.server.run()
 
     def run(self) -> None:
         """Bind and serve until SIGINT / SIGTERM (uvicorn handles both)."""

@@ -73,9 +73,14 @@ def test_a_real_engine_exports_exactly_its_budget(engine_stack: EngineStack) -> 
     clients = labels_of(text, "kvscope_client_requests_total", "client")
     agents = labels_of(text, "kvscope_user_agent_requests_total", "user_agent")
     assert "budget" in clients and "budget/1" in agents
+    # the sidecar's own CPU: its named threads (store, decision log and vLLM scrapes on),
+    # the main one (uvicorn's), the rest (the embedded store's own, libzmq's)
+    threads = set(labels_of(text, "kvscope_sidecar_cpu_seconds_total", "thread"))
+    assert threads == {"receiver", "ingest", "layout", "decision-log", "vllm-scraper",
+                       "clickhouse-batc", "clickhouse-send", "main", "other"}
     want = engine + sidecar_series(SidecarShape(
         sinks, clients=len(clients), agents=len(agents), client_families=(),
-        agent_families=(), vllm_scrapes=True))
+        agent_families=(), vllm_scrapes=True, threads=len(threads)))
     got = scraped(text)
     per_client = {f"kvscope_client_{f}_total": len(clients) for f in CLIENT_FAMILIES}
     per_client |= {f"kvscope_user_agent_{f}_total": len(agents) for f in AGENT_FAMILIES}

@@ -19,6 +19,7 @@ from kvscope.metric_table import SIDECAR_METRICS, family
 from kvscope.sidecar.exposition.gpu import GpuReader
 from kvscope.sidecar.exposition.metric_families import EL, Families
 from kvscope.sidecar.exposition.metrics_outside import gpu_families, vllm_families
+from kvscope.sidecar.exposition.own_cpu import OwnCpu
 from kvscope.sidecar.exposition.process import ProcessReader
 from kvscope.sidecar.exposition.vllm_metrics import VllmScraper
 from kvscope.sidecar.ingest.auth import REASONS as REFUSALS
@@ -47,8 +48,10 @@ class KVScopeCollector:
         vllm: VllmScraper | None = None,
         clients: ClientStats | None = None,
         receiver: Receiver | None = None,
+        own: OwnCpu | None = None,
     ) -> None:
         self.clients = clients
+        self.own = own
         self.receiver = receiver
         self.hub = hub
         self.gpu = gpu
@@ -70,7 +73,21 @@ class KVScopeCollector:
             vllm_families(f, self.hub, self.vllm)
         if self.gpu is not None:
             gpu_families(f, self.gpu)
+        if self.own is not None:
+            self._own(f, self.own)
         yield from f.fams.values()
+
+    @staticmethod
+    def _own(f: Families, own: OwnCpu) -> None:
+        """The sidecar's own CPU by thread and memory (outside the hub lock: /proc reads)."""
+        by_thread = own.cpu_seconds()
+        if by_thread:
+            cpu = f.c("kvscope_sidecar_cpu_seconds", ["thread"])
+            for thread, seconds in sorted(by_thread.items()):
+                cpu.add_metric([thread], seconds)
+        rss = own.resident_bytes()
+        if rss is not None:
+            f.g("kvscope_sidecar_resident_memory_bytes", []).add_metric([], rss)
 
     # -- per engine -----------------------------------------------------------------
     def _engine(self, f: Families, st: EngineState) -> None:

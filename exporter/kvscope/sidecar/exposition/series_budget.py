@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvscope.sidecar.exposition.metrics import RUN_BUCKETS
+from kvscope.sidecar.exposition.own_cpu import THREAD_LABELS
 from kvscope.sidecar.ingest.auth import REASONS as REFUSALS
 from kvscope.state.audit import KINDS as AUDIT_KINDS
 from kvscope.state.presence import STATES
@@ -98,6 +99,8 @@ class SidecarShape:
     agent_families: tuple[str, ...] = AGENT_FAMILIES[:1]
     vllm_scrapes: bool = False
     gpus: int = 0
+    threads: int = 0
+    """``thread`` labels of the sidecar's own CPU (``own_cpu.THREAD_LABELS``: at most all)."""
 
 
 def sidecar_series(shape: SidecarShape) -> Counter[str]:
@@ -123,6 +126,8 @@ def sidecar_series(shape: SidecarShape) -> Counter[str]:
     for fam in ("memory_used_bytes", "memory_total_bytes", "utilization_ratio"):
         if shape.gpus:
             c[f"kvscope_gpu_{fam}"] = shape.gpus
+    c["kvscope_sidecar_cpu_seconds_total"] = shape.threads
+    c["kvscope_sidecar_resident_memory_bytes"] = 1
     return +c
 
 
@@ -132,7 +137,8 @@ def ceiling(engines: int, max_clients: int, max_agents: int, sink_tables: dict[s
     statuses, reconciled), every client family at its cap plus ``other``."""
     worst = EngineShape(kv_groups, MAX_END_STATUSES, reconciled=True)
     side = SidecarShape(sink_tables, max_clients + 1, max_agents + 1, CLIENT_FAMILIES,
-                        AGENT_FAMILIES, vllm_scrapes=True, gpus=gpus)
+                        AGENT_FAMILIES, vllm_scrapes=True, gpus=gpus,
+                        threads=len(THREAD_LABELS))
     return engines * sum(engine_series(worst).values()) + sum(sidecar_series(side).values())
 
 
