@@ -20,7 +20,8 @@ process's clock-tick total, 10 ms a tick, read 4 to 8 ms a second for the same i
 sidecar over 5 s) over the same time, divided by the engine steps it ingested (with
 ``--skip-s``, the window starts that long after the engines start stepping: what each
 engine's connection costs once, its first layout row in the store above all, is left out);
-the rows it wrote per second and per step per engine (``kvscope_sink_rows_written_total``); its
+the rows it wrote per second and per step per engine (``kvscope_sink_rows_written_total``);
+its own report of its CPU by thread (``kvscope_sidecar_cpu_seconds_total``), per step; its
 RSS growth per engine; and with ``--py-spy`` a ``py-spy record -r 200 -f raw --threads``
 profile of the sidecar over the feed, summed by thread and by function. A report, never
 an assertion: prints a table and one JSON line (also ``summary.json``). ``--against``
@@ -67,8 +68,12 @@ def rss_kib(pid: int) -> dict[str, int]:
     return {k: int(status[k].split()[0]) for k in ("VmRSS", "VmHWM")}
 
 
-def rows_written(url: str) -> dict[str, float]:
-    out: dict[str, float] = {}
+def counters(url: str) -> tuple[dict[str, float], dict[str, float]]:
+    """From one scrape: rows written (``sink:table``) and the sidecar's own CPU seconds
+    by thread as it reports them (``kvscope_sidecar_cpu_seconds_total``; empty from a
+    checkout without it)."""
+    rows: dict[str, float] = {}
+    own: dict[str, float] = {}
     text = __import__("httpx").get(f"{url}/metrics", timeout=10.0, trust_env=False).text
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -77,8 +82,10 @@ def rows_written(url: str) -> dict[str, float]:
             if s.name == "kvscope_sink_rows_written_total":
                 key = s.labels.get("table") or s.labels.get("kind") or "all"
                 key = f"{s.labels.get('sink', '')}:{key}"
-                out[key] = out.get(key, 0.0) + s.value
-    return out
+                rows[key] = rows.get(key, 0.0) + s.value
+            elif s.name == "kvscope_sidecar_cpu_seconds_total":
+                own[s.labels["thread"]] = s.value
+    return rows, own
 
 
 def start_engines(args: argparse.Namespace, endpoint: str, tag: str) -> list[Any]:
@@ -218,7 +225,7 @@ def measure(args: argparse.Namespace, variant: str, work: Path, label: str,
             p.stdin.flush()
         time.sleep(args.skip_s)  # each engine's connection (its first rows) left out
         steps0 = sum((sidecar_engine(side.url, e) or {}).get("steps", 0) for e in names)
-        rows0 = rows_written(side.url)
+        rows0, own0 = counters(side.url)
         spy = profile(side.pid, vdir / "pyspy.txt") if args.py_spy else None
         c0, t0, th0 = side.cpu_seconds(), time.monotonic(), os_threads(side.pid)
         results = [json.loads(p.stdout.readline()) for p in engines]
@@ -232,7 +239,7 @@ def measure(args: argparse.Namespace, variant: str, work: Path, label: str,
             time.sleep(0.05)
         c1, t1, th1 = side.cpu_seconds(), time.monotonic(), os_threads(side.pid)
         rss = rss_kib(side.pid)
-        rows1 = rows_written(side.url)
+        rows1, own1 = counters(side.url)
         if spy is not None:
             spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
             spy.wait(30)
@@ -261,6 +268,8 @@ def measure(args: argparse.Namespace, variant: str, work: Path, label: str,
         "dropped": sum(s.get("probe_records_dropped", 0) for s in seen.values()),
         "metrics_lines": len(metrics),
         "cpu_s_by_os_thread": by_thread_name(th0, th1, side.pid),
+        "own_metric_us_per_step": {k: round((v - own0.get(k, 0.0)) / max(1, steps) * 1e6, 1)
+                                   for k, v in sorted(own1.items())},
         "kernel_cpu_s_by_os_thread": by_thread_name(th0, th1, side.pid, 2),
         "minor_faults_by_os_thread": by_thread_name(th0, th1, side.pid, 3),
     }
@@ -307,6 +316,7 @@ def main() -> None:
               f"{r['rss_per_engine_kib'] / 1024:11.1f} {r['mismatches']:4d} {r['gaps']:4d} "
               f"{r['dropped']:4d}", flush=True)
         print("  CPU s by OS thread:", r["cpu_s_by_os_thread"])
+        print("  µs a step by thread, as the sidecar reports it:", r["own_metric_us_per_step"])
         print("    of which in the kernel:", r["kernel_cpu_s_by_os_thread"])
         print("  minor page faults by OS thread:", r["minor_faults_by_os_thread"])
         if "py_spy" in r:
