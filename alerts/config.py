@@ -113,6 +113,11 @@ class Config:
     sink_unsent_age_s: int = 600
     """A growing spool alerts only once its oldest unsent row is older than this."""
     sink_spool_for: str = "15m"
+    sidecar_cpu_cores: float = 0.5
+    """The sidecar's own CPU (every thread) above which it alerts: five times what eight
+    busy engines cost it (issue 25's target of a tenth of a core, benchmarks/README.md)."""
+    sidecar_cpu_window: str = "15m"
+    """Window of rate() on its CPU, and how long it must stay above."""
 
     def priority(self, severity: Severity) -> str:
         return dict(self.priorities)[severity]

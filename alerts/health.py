@@ -194,6 +194,23 @@ def sidecar_alerts(cfg: Config) -> list[Rule]:
         ),
         alert(
             cfg,
+            "KVScopeSidecarCPUHigh",
+            f"sum by ({', '.join(cfg.sidecar_labels)}) "
+            f"(rate({q.m('kvscope_sidecar_cpu_seconds_total')}[{cfg.sidecar_cpu_window}]))"
+            f" > {cfg.sidecar_cpu_cores:g}",
+            severity="warning",
+            for_=cfg.sidecar_cpu_window,
+            summary="The kvscope sidecar uses far more CPU than it should.",
+            description=f"{SIDECAR} used {{{{ printf \"%.2f\" $value }}}} cores on average over "
+            f"the last {cfg.sidecar_cpu_window}, above {cfg.sidecar_cpu_cores:g} (eight busy "
+            "engines cost it about a tenth of a core): on a host where vLLM's scheduler "
+            "needs the CPU, kvscope competes with it. kvscope_sidecar_cpu_seconds_total "
+            "says which thread.",
+            dashboard=cfg.dashboards.blocks,
+            per_engine=False,
+        ),
+        alert(
+            cfg,
             "KVScopeReconciliationDrift",
             f"min_over_time({drift}[{rw}]) > 0\nor\nmax_over_time({drift}[{rw}]) < 0",
             severity="warning",

@@ -13,6 +13,7 @@ import yaml
 
 from alerts.config import Config, Dashboards
 from alerts.rules import build
+from kvscope.settings import SETTINGS
 from tests.stack.promstack import REPO, RULE_FILE, binary, load_rules, rule_key
 
 ALERT_TESTS = sorted((REPO / "alerts" / "tests").glob("*.yml"))
@@ -94,7 +95,7 @@ def test_runbook_names_only_real_vllm_flags() -> None:
         "--enable-prefix-caching", "--health-timeout", "--endpoint", "--vllm-url",
         "--param", "--list", "--max-model-len", "--kv-cache-memory-bytes",
         "--worst", "--since", "--server",  # kvscope explain's, as --param is kvscope query's
-    }
+    } | {s.flag for s in SETTINGS if s.flag}  # kvscope serve's
     texts = [RUNBOOK.read_text()] + [
         r["annotations"]["description"] for r in load_rules() if "alert" in r
     ]
