@@ -10,7 +10,7 @@ import hmac
 from kvscope.rows import ClientRequest, RequestTrace
 from kvscope.sidecar.http.pressure import preempt_rate
 from kvscope.state.client_stats import LabelSlots
-from kvscope.state.clients import MAX_SAME_KEY, ClientJoin, caller_id
+from kvscope.state.clients import LATE_ROW_S, MAX_SAME_KEY, ClientJoin, caller_id
 from kvscope.state.hashkey import Keyer
 from kvscope.state.hub import Hub
 from kvscope_probe import wire
@@ -168,6 +168,42 @@ def test_a_stalled_sidecar_still_joins_what_waited_in_its_queue() -> None:
     j.on_client(start(rid=other))
     j.tick()
     assert traces(out)[-1].client_id == "team-a" and j.stats.unjoined_traces == 0
+
+
+def test_an_answer_waits_until_the_engines_reported_past_it() -> None:
+    """Reproduces a CI failure: the answer was read, the sidecar kept ticking, and the
+    engine's record of the request's end came more than ``join_wait_s`` later (the
+    probe's frames behind the middleware's event). The row was written without its
+    engine request, the trace joined the call afterwards, and ``kvscope explain`` answered
+    404 for the caller's ID (tests/engine/shared/test_explain_engine.py, explain-11). The
+    row now waits until every engine's records have passed the answer's time."""
+    clock = Clock()
+    horizon = [101.5]  # the latest time every engine's records reached
+    j, out = join(join_wait_s=5, clock=clock, horizon=lambda: horizon[0])
+    j.on_client(start())
+    j.on_client(end(ts=102.0))
+    ticking(j, clock, 8.0)
+    assert not rows(out)  # the engine has not reported past the answer yet
+    j.on_trace(trace(f"cmpl-{RID}-0-deadbeef", preempts=1))
+    (row,) = rows(out)
+    assert row.engine_request_ids == f"cmpl-{RID}-0-deadbeef" and row.preempt_count == 1
+    # past the answer, a call no engine saw is written once join_wait_s has passed
+    other = "kvs" + "cd" * 16
+    j.on_client(start(rid=other, ts=103.0))
+    j.on_client(end(rid=other, ts=103.5))
+    horizon[0] = 104.0
+    ticking(j, clock, 4.9)
+    assert rows(out)[-1].request_id != other
+    ticking(j, clock, 0.2)
+    assert rows(out)[-1].request_id == other and rows(out)[-1].engine_request_ids == ""
+    # an engine that never reports again holds a row at most LATE_ROW_S more
+    third = "kvs" + "ef" * 16
+    j.on_client(start(rid=third, ts=105.0))
+    j.on_client(end(rid=third, ts=106.0))
+    ticking(j, clock, 5.0 + LATE_ROW_S - 0.2)
+    assert rows(out)[-1].request_id != third
+    ticking(j, clock, 0.3)
+    assert rows(out)[-1].request_id == third
 
 
 def test_a_trace_waits_for_its_client_then_goes_unjoined() -> None:

@@ -172,3 +172,24 @@ def test_a_refused_frame_leaves_the_same_list_unknown_not_wrong() -> None:
                            scheduled_counts=[1, 1], free_blocks=7, ends=[end])], 5)
     assert hub.rejected["invalid"] == 1 and not st.ledger.synced
     assert st.counters.ends == {"FINISHED_STOPPED": 1}
+
+
+def test_the_record_horizon_is_where_every_connected_engine_has_reported() -> None:
+    """What ``ClientJoin`` waits for before it writes an answered call's row: the latest
+    step's or heartbeat's time of each connected engine, the least of them."""
+    hub = Hub(health_timeout_s=30.0)
+    assert hub.record_horizon() == float("inf")  # no engine: nothing to wait for
+    feed(hub, [hello(), step(ts=10.0), keyframe()], 0)
+    assert hub.record_horizon() == 10.0
+    one = wire.Frame(engine="1", session="s2", first_seq=0, dropped=0, faults=0,
+                     records=[hello(engine="1", session="s2"), step(ts=12.0)])
+    assert hub.accept(wire.encode(one)) and len(hub.engines) == 2
+    assert hub.record_horizon() == 10.0  # engine 1 is further on
+    beat = wire.Frame(engine="0", session="s1", first_seq=3, dropped=0, faults=0,
+                      records=[wire.Heartbeat(ts=13.0, since_step_s=3.0)])
+    assert hub.accept(wire.encode(beat))  # engine 0 idle: its heartbeat moves it on
+    assert hub.record_horizon() == 12.0
+    hub.presence["s2"].last_heard -= 31.0  # engine 1 fell silent: it holds nobody back
+    assert hub.record_horizon() == 13.0
+    hub.presence["s1"].last_heard -= 31.0
+    assert hub.record_horizon() == float("inf")

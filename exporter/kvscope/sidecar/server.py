@@ -48,7 +48,7 @@ class Sidecar:
         keyer = Keyer(load_or_create(cfg.hash_key_file, cfg.data_dir))  # never logged
         self.hub = Hub(health_timeout_s=cfg.health_timeout_s)
         self.sinks, store = open_sinks(cfg)
-        self.clients = ClientJoin(self.sinks.emit, keyer=keyer)
+        self.clients = ClientJoin(self.sinks.emit, keyer=keyer, horizon=self.hub.record_horizon)
         self.tracker = RequestTracker(self._route, wants=self.sinks.wants)
         self.hub.listeners.append(self.tracker.on_event)
         self.hub.client_listeners.append(self.clients.on_client)

@@ -16,8 +16,13 @@ is written without client fields and counted unjoined: never guessed.
 
 Once a middleware has spoken, a trace whose start has not arrived waits up to
 ``join_wait_s``, then is written unjoined and counted; without one, traces go straight
-out. Waits are counted in the sidecar's own ticks (``tick``, ~10 a second from the ingest
-thread), each worth at most ``MAX_TICK_S``: a sidecar that stalls (CPU-starved, its
+out. An answered call's row waits for its trace ``join_wait_s`` and until every connected
+engine's records have passed the answer's time (``horizon``, the hub's: the engine ends
+a request before the API server answers, but the probe's frames may reach the sidecar
+after the middleware's event), ``LATE_ROW_S`` more at most; a row written without its
+engine request left ``kvscope explain`` answering 404 for the caller's ID. Waits are
+counted in the sidecar's own ticks (``tick``, ~10 a second from the ingest thread), each
+worth at most ``MAX_TICK_S``: a sidecar that stalls (CPU-starved, its
 ingest thread descheduled for seconds: 11 s measured on a loaded 2-core machine) gives
 up on nothing while the records it waits for sit unread in its queue. Digests are keyed
 (``hashkey.Keyer``) on arrival, before anything keeps them.
@@ -44,6 +49,9 @@ _ENGINE_ID = re.compile(r"(?:\d+_)?(chatcmpl|cmpl)-(.*)-[0-9a-f]{8}", re.DOTALL)
 MAX_PENDING = 100_000
 MAX_SAME_KEY = 16
 """Starts kept per request ID; a busier ID is ambiguous anyway."""
+LATE_ROW_S = 60.0
+"""How much longer than ``join_wait_s`` an answered call's row waits for engines whose
+records have not passed the answer's time (an engine that stopped talking)."""
 MAX_TICK_S = 1.0
 """The most one tick adds to the join's clock. Ticks come every ~0.1 s (0.6-0.8 s apart
 when the machine is loaded); a longer gap is the sidecar stalled, not the records late."""
@@ -85,8 +93,13 @@ class ClientJoin:
     def __init__(self, emit: Callable[[Any], None], *, keyer: Keyer,
                  join_wait_s: float = 5.0, duplicate_window_s: float = 10.0,
                  max_clients: int = 50, max_user_agents: int = 20, keep_s: float = 600.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 horizon: Callable[[], float] | None = None) -> None:
         self.emit = emit
+        self.horizon = horizon
+        """The wall time every engine's records have reached (``Hub.record_horizon``):
+        an answered call's row waits for it to pass the answer, as the engine's end of
+        the request comes before the answer but may reach the sidecar after it."""
         self.keyer = keyer
         self.join_wait_s = join_wait_s
         self.duplicate_window_s = duplicate_window_s
@@ -231,10 +244,12 @@ class ClientJoin:
             else:
                 self.held.append((deadline, key, trace))
         waiting, self.rows_waiting = self.rows_waiting, []
+        horizon = self.horizon() if self.horizon is not None and waiting else float("inf")
         for deadline, c in waiting:
             if c.row_written:
                 continue
-            if waited >= deadline:
+            assert c.end is not None
+            if waited >= deadline and (c.end.ts <= horizon or waited >= deadline + LATE_ROW_S):
                 self._write_row(c)
             else:
                 self.rows_waiting.append((deadline, c))

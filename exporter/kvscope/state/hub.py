@@ -127,7 +127,10 @@ class Hub:
         for rec in frame.records:
             state.ingest(rec)
         self.records += len(frame.records)
-        self.presence[frame.session].heard(step=True)
+        presence = self.presence[frame.session]
+        presence.heard(step=True)
+        if state.last_step is not None and state.last_step.ts > presence.record_ts:
+            presence.record_ts = state.last_step.ts
         self.last_record_monotonic = time.monotonic()
 
     def _heartbeat(self, frame: wire.Frame) -> None:
@@ -141,6 +144,7 @@ class Hub:
         hb = frame.records[-1]
         assert isinstance(hb, wire.Heartbeat)
         p.heard(step=False)
+        p.record_ts = max(p.record_ts, hb.ts)
         p.heartbeats += len(frame.records)
         p.since_step_s = hb.since_step_s
         self.heartbeats += len(frame.records)
@@ -212,6 +216,15 @@ class Hub:
                 log.info("engine %s: forgotten after %.0f s without a word", state.key,
                          FORGET_GONE_S)
                 self._forget(state)
+
+    def record_horizon(self) -> float:
+        """The wall time the records of every connected engine have reached (their latest
+        step's or heartbeat's; infinite with none connected): whatever an engine did
+        before it, the sidecar has read. For ``ClientJoin``: an answer's row waits for
+        it, its engine's end of the request may come after the middleware's answer."""
+        return min((self.presence[st.hello.session].record_ts
+                    for st in self.engines.values() if self.state_of(st) in CONNECTED),
+                   default=float("inf"))
 
     def seconds_since_record(self) -> float | None:
         if self.last_record_monotonic is None:
