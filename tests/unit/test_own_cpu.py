@@ -67,23 +67,26 @@ class Burner:
             time.sleep(0.001)
 
 
-def test_a_named_thread_is_counted_under_its_name_exactly() -> None:
+def counted_asleep(name: str, label: str) -> tuple[OwnCpu, Burner, float]:
+    """A reader, a burner named ``name`` that has run and ended, and what the reader
+    counted under ``label`` while the burner slept."""
     own = OwnCpu()
-    burner = Burner("kvscope-ingest")
+    burner = Burner(name)
     burner.start_and_sleep()
-    counted = own.cpu_seconds()["ingest"]
+    counted = own.cpu_seconds()[label]
     burner.release()
+    return own, burner, counted
+
+
+def test_a_named_thread_is_counted_under_its_name_exactly() -> None:
+    _, burner, counted = counted_asleep("kvscope-ingest", "ingest")
     # the kernel's count while it slept lies between its own clock before and after
     assert burner.before_sleep <= counted <= burner.after_wake
     assert counted >= burner.cpu_s
 
 
 def test_a_thread_that_ended_keeps_its_count() -> None:
-    own = OwnCpu()
-    burner = Burner("kvscope-layout")
-    burner.start_and_sleep()
-    counted = own.cpu_seconds()["layout"]
-    burner.release()
+    own, _, counted = counted_asleep("kvscope-layout", "layout")
     after = own.cpu_seconds()
     assert after["layout"] == counted  # gone from /proc: nothing added, nothing taken back
     assert set(after) <= set(THREAD_LABELS)
