@@ -40,21 +40,15 @@ from _common import Sidecar, git_state, machine_noise, wait_engine_steps, write_
 from sidecar_live import VARIANTS, by_thread_name, os_threads
 
 from kvscope.procs import stop_process
+from kvscope.sidecar.exposition.own_cpu import thread_cpu_ns
 from kvscope_probe import wire
 
 
 def schedstat(pid: int) -> dict[int, tuple[str, float]]:
     """Each thread's name and CPU seconds so far, from the scheduler's nanoseconds (read
-    by name with ``sidecar_live.by_thread_name``)."""
-    out = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            name = (task / "comm").read_text().strip()
-            ns = int((task / "schedstat").read_text().split()[0])
-        except OSError:  # the thread ended meanwhile
-            continue
-        out[int(task.name)] = (name, ns / 1e9)
-    return out
+    by name with ``sidecar_live.by_thread_name``; what the sidecar's own metric reads)."""
+    return {tid: (name, ns / 1e9)
+            for tid, (name, ns) in thread_cpu_ns(Path(f"/proc/{pid}")).items()}
 
 
 def steps_in(parts: list[bytes]) -> int:

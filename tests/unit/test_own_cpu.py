@@ -18,8 +18,6 @@ from kvscope.sidecar.exposition.metrics import KVScopeCollector
 from kvscope.sidecar.exposition.own_cpu import MAIN, OTHER, THREAD_LABELS, OwnCpu
 from kvscope.state.hub import Hub
 
-pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="Linux /proc")
-
 
 class Burner:
     """A thread that runs ``cpu_s`` of CPU, reads its own CPU clock, then sleeps until

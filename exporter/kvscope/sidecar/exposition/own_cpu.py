@@ -44,6 +44,24 @@ THREAD_LABELS: tuple[str, ...] = (
 _NAMED = frozenset(THREAD_LABELS) - {MAIN, OTHER}
 
 
+def thread_cpu_ns(proc: Path) -> dict[int, tuple[str, int]]:
+    """Each thread of the process whose ``/proc`` directory is ``proc``: its kernel name
+    and the nanoseconds it has run (``schedstat``); empty where that cannot be read."""
+    out: dict[int, tuple[str, int]] = {}
+    try:
+        tasks = list((proc / "task").iterdir())
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            comm = (task / "comm").read_text().strip()
+            ns = int((task / "schedstat").read_text().split()[0])
+            out[int(task.name)] = (comm, ns)
+        except (OSError, ValueError, IndexError):  # the thread ended meanwhile
+            continue
+    return out
+
+
 class OwnCpu:
     """CPU seconds of this process's threads, by bounded label, never decreasing."""
 
@@ -56,7 +74,7 @@ class OwnCpu:
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds by label so far (empty where ``/proc`` cannot be read)."""
-        now = self._read()
+        now = thread_cpu_ns(self.proc)
         with self._lock:
             python = {t.native_id for t in threading.enumerate()}
             pid = self._pid()
@@ -86,18 +104,3 @@ class OwnCpu:
             return int(self.proc.resolve().name)
         except (OSError, ValueError):
             return os.getpid()
-
-    def _read(self) -> dict[int, tuple[str, int]]:
-        out: dict[int, tuple[str, int]] = {}
-        try:
-            tasks = list((self.proc / "task").iterdir())
-        except OSError:
-            return out
-        for task in tasks:
-            try:
-                comm = (task / "comm").read_text().strip()
-                ns = int((task / "schedstat").read_text().split()[0])
-                out[int(task.name)] = (comm, ns)
-            except (OSError, ValueError, IndexError):  # the thread ended meanwhile
-                continue
-        return out
