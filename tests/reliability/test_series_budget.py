@@ -5,6 +5,7 @@ real middleware add exactly the capped client series, never one more."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -57,7 +58,14 @@ def side(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
                         args=["--clickhouse-dsn", "off", "--log-level", "warning"])
     try:
         proc.start()
-        push(proc.endpoint, [wire.encode(f) for f in frames])
+        # the engine idle after the call, as a live probe says it: a heartbeat stamped
+        # after the call's answer (the sidecar writes the call's row once every engine's
+        # records have passed its answer, or the engine fell silent)
+        engine = frames[0]
+        idle = wire.Frame(engine=engine.engine, session=engine.session, first_seq=0,
+                          dropped=0, faults=0,
+                          records=[wire.Heartbeat(ts=time.time(), since_step_s=1.0)])
+        push(proc.endpoint, [wire.encode(f) for f in [*frames, idle]])
         wait_until("the engine to be synced", lambda: (e := proc.engines()) and e[0]["synced"],
                    30)
         wait_until("the recorded client call", lambda: client_requests(proc) == 1, 30)

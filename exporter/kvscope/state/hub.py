@@ -218,15 +218,12 @@ class Hub:
                 self._forget(state)
 
     def record_horizon(self) -> float:
-        """The wall time the records of every engine heard within the health timeout have
-        reached (their latest step's or heartbeat's; infinite with none): whatever an
-        engine did before it, the sidecar has read. For ``ClientJoin``: an answer's row
-        waits for it, its engine's end of the request may come after the middleware's
-        answer. Asked every tick while a row waits: no process is looked up (an engine
-        whose process exited stops holding rows back once it falls silent)."""
-        now = time.monotonic()
-        heard = (self.presence[st.hello.session] for st in self.engines.values())
-        return min((p.record_ts for p in heard if p.heard_within(self.health_timeout_s, now)),
+        """The wall time the records of every connected engine have reached (their latest
+        step's or heartbeat's; infinite with none connected): whatever an engine did
+        before it, the sidecar has read. For ``ClientJoin``: an answer's row waits for
+        it, its engine's end of the request may come after the middleware's answer."""
+        return min((self.presence[st.hello.session].record_ts
+                    for st in self.engines.values() if self.state_of(st) in CONNECTED),
                    default=float("inf"))
 
     def seconds_since_record(self) -> float | None:

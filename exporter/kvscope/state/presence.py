@@ -77,17 +77,13 @@ class Presence:
         if step:
             self.last_step = now
 
-    def heard_within(self, timeout_s: float, now: float) -> bool:
-        """Whether a record or a heartbeat came in the last ``timeout_s`` (not silent)."""
-        return now - self.last_heard <= timeout_s
-
     def state(self, timeout_s: float, now: float | None = None) -> str:
         now = time.monotonic() if now is None else now
         if not self.gone and self.local and process_gone(self.pid, self.started):
             self.gone = True
         if self.gone:
             return "gone"
-        if not self.heard_within(timeout_s, now):
+        if now - self.last_heard > timeout_s:
             return "silent"
         if self.last_step is not None and now - self.last_step <= timeout_s:
             return "active"
