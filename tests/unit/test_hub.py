@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
+from unittest import mock
 
-from kvscope.state.hub import Hub
+from kvscope.state.hub import HORIZON_HEARD_TICKS, Hub
 from kvscope_probe import wire
 from tests.unit.test_wire import frame, hello, step
 
@@ -189,7 +190,50 @@ def test_the_record_horizon_is_where_every_connected_engine_has_reported() -> No
                       records=[wire.Heartbeat(ts=13.0, since_step_s=3.0)])
     assert hub.accept(wire.encode(beat))  # engine 0 idle: its heartbeat moves it on
     assert hub.record_horizon() == 12.0
-    hub.presence["s2"].last_heard -= 31.0  # engine 1 fell silent: it holds nobody back
-    assert hub.record_horizon() == 13.0
-    hub.presence["s1"].last_heard -= 31.0
+    for _ in range(HORIZON_HEARD_TICKS):
+        hub.tick()
+    beat = wire.Frame(engine="0", session="s1", first_seq=3, dropped=0, faults=0,
+                      records=[wire.Heartbeat(ts=14.0, since_step_s=4.0)])
+    assert hub.accept(wire.encode(beat))
+    hub.tick()  # engine 1 has not been heard for HORIZON_HEARD_TICKS + 1: nobody waits for it
+    assert hub.record_horizon() == 14.0
+    for _ in range(HORIZON_HEARD_TICKS + 1):
+        hub.tick()
     assert hub.record_horizon() == float("inf")
+
+
+def test_an_engine_not_heard_for_three_heartbeats_holds_nobody_back() -> None:
+    """A live probe is heard at least every heartbeat period (its sender's heartbeat, on
+    its own thread, steps or not). One not heard for three periods of the sidecar's ticks,
+    still inside the health timeout (a replayed engine, a stalled probe), has nothing on
+    its way to wait for; a sidecar that did not tick (its ingest thread descheduled) has
+    not given it that time, however long the wall clock says it was."""
+    hub = Hub(health_timeout_s=30.0)
+    feed(hub, [hello(), step(ts=10.0), keyframe()], 0)
+    presence = hub.presence["s1"]
+    presence.last_heard -= 20.0  # 20 s without a word, and no tick: a stalled sidecar
+    assert hub.record_horizon() == 10.0
+    for _ in range(HORIZON_HEARD_TICKS):
+        hub.tick()
+    assert hub.record_horizon() == 10.0
+    hub.tick()
+    assert hub.state_of(hub.engines["0"]) == "active"  # connected, but not heard lately
+    assert hub.record_horizon() == float("inf")
+    feed(hub, [step(ts=11.0)], 3)  # it speaks again: it counts again
+    assert hub.record_horizon() == 11.0
+    presence.gone = True  # its process was seen to exit: nothing more comes from it
+    assert hub.record_horizon() == float("inf")
+
+
+def test_the_horizon_looks_no_process_up() -> None:
+    """It runs at every tick while a row waits, on the ingest thread: the presence's own
+    figures only, never psutil."""
+    hub = Hub(health_timeout_s=30.0)
+    feed(hub, [hello(), step(ts=10.0), keyframe()], 0)
+    hub.presence["s1"].local = True  # a PID it could look up
+
+    def no_lookup(*_a: object, **_k: object) -> bool:
+        raise AssertionError("record_horizon looked a process up")
+
+    with mock.patch("kvscope.state.presence.process_gone", no_lookup):
+        assert hub.record_horizon() == 10.0

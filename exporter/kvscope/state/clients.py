@@ -16,10 +16,11 @@ is written without client fields and counted unjoined: never guessed.
 
 Once a middleware has spoken, a trace whose start has not arrived waits up to
 ``join_wait_s``, then is written unjoined and counted; without one, traces go straight
-out. An answered call's row waits for its trace ``join_wait_s`` and until every connected
-engine's records have passed the answer's time (``horizon``, the hub's: the engine ends
-a request before the API server answers, but the probe's frames may reach the sidecar
-after the middleware's event), ``LATE_ROW_S`` more at most; a row written without its
+out. An answered call's row waits for its trace ``join_wait_s`` and until the records of
+every engine still talking have passed the answer's time (``horizon``, the hub's: the
+engine ends a request before the API server answers, but the probe's frames may reach the
+sidecar after the middleware's event), ``LATE_ROW_S`` more at most (an engine clock
+behind the API server's); a row written without its
 engine request left ``kvscope explain`` answering 404 for the caller's ID. Waits are
 counted in the sidecar's own ticks (``tick``, ~10 a second from the ingest thread), each
 worth at most ``MAX_TICK_S``: a sidecar that stalls (CPU-starved, its

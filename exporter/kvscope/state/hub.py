@@ -41,6 +41,15 @@ class _Unknown(Exception):
     """Records of a probe session whose hello or keyframe has not arrived yet."""
 
 
+HORIZON_HEARD_TICKS = 60
+"""Ticks (``tick``, at most one every ``receiver.TICK_S`` = 0.1 s: 6 s at least) without a
+word from an engine after which the record horizon leaves it out: three of the probe's
+heartbeat periods (``kvscope_probe.sender.HEARTBEAT_S``), and a live probe is heard at
+least once a period, steps or not (its sender's own thread sends the heartbeat). Counted
+in ticks, not seconds, so a sidecar whose ingest thread was descheduled for seconds reads
+what waits in its queue before it gives up on an engine."""
+
+
 class Hub:
     def __init__(self, *, health_timeout_s: float = 30.0) -> None:
         self.lock = threading.RLock()
@@ -51,6 +60,8 @@ class Hub:
         self.presence: dict[str, Presence] = {}
         """Session -> presence, for every known state."""
         self.pending: OrderedDict[str, Presence] = OrderedDict()
+        self.ticks = 0
+        """``tick`` calls so far: the horizon's clock (``HORIZON_HEARD_TICKS``)."""
         self.listeners: list[Listener] = []
         self.client_listeners: list[Callable[[wire.Record], None]] = []
         self.tick_listeners: list[Callable[[], None]] = []
@@ -129,6 +140,7 @@ class Hub:
         self.records += len(frame.records)
         presence = self.presence[frame.session]
         presence.heard(step=True)
+        presence.heard_tick = self.ticks
         if state.last_step is not None and state.last_step.ts > presence.record_ts:
             presence.record_ts = state.last_step.ts
         self.last_record_monotonic = time.monotonic()
@@ -144,6 +156,7 @@ class Hub:
         hb = frame.records[-1]
         assert isinstance(hb, wire.Heartbeat)
         p.heard(step=False)
+        p.heard_tick = self.ticks
         p.record_ts = max(p.record_ts, hb.ts)
         p.heartbeats += len(frame.records)
         p.since_step_s = hb.since_step_s
@@ -182,6 +195,7 @@ class Hub:
         fresh = Presence.of(hello.session, hello.engine, hello.pid, hello.started)
         if p is not None:
             fresh.heartbeats, fresh.since_step_s = p.heartbeats, p.since_step_s
+        fresh.heard_tick = self.ticks
         self.presence[hello.session] = fresh
         for fn in self.listeners:
             fn("hello", state, hello)
@@ -199,6 +213,7 @@ class Hub:
     def tick(self) -> None:
         """Periodic work (about every 100 ms, from the ingest thread)."""
         with self.lock:
+            self.ticks += 1
             self._expire()
             for fn in self.tick_listeners:
                 try:
@@ -218,12 +233,18 @@ class Hub:
                 self._forget(state)
 
     def record_horizon(self) -> float:
-        """The wall time the records of every connected engine have reached (their latest
-        step's or heartbeat's; infinite with none connected): whatever an engine did
-        before it, the sidecar has read. For ``ClientJoin``: an answer's row waits for
-        it, its engine's end of the request may come after the middleware's answer."""
-        return min((self.presence[st.hello.session].record_ts
-                    for st in self.engines.values() if self.state_of(st) in CONNECTED),
+        """The wall time the records of every engine still talking have reached (their
+        latest step's or heartbeat's; infinite with none): whatever an engine did before
+        it, the sidecar has read. For ``ClientJoin``: an answer's row waits for it, its
+        engine's end of the request may come after the middleware's answer.
+
+        Talking: heard within the last ``HORIZON_HEARD_TICKS`` ticks and not known gone.
+        An engine stalled, replayed or just exited holds rows back ~6 s at most, and no
+        process is looked up (this runs at every tick while a row waits, on the ingest
+        thread; a scrape's ``state_of`` marks a dead one gone)."""
+        since = self.ticks - HORIZON_HEARD_TICKS
+        return min((p.record_ts for p in self.presence.values()
+                    if p.heard_tick >= since and not p.gone),
                    default=float("inf"))
 
     def seconds_since_record(self) -> float | None:

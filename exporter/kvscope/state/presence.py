@@ -58,6 +58,8 @@ class Presence:
     local: bool = False
     """The sidecar sees the engine process itself (so it may judge it gone by PID)."""
     last_heard: float = 0.0
+    heard_tick: int = 0
+    """The hub's tick count when last heard (``Hub.record_horizon``)."""
     last_step: float | None = None
     heartbeats: int = 0
     since_step_s: float = -1.0
