@@ -152,9 +152,14 @@ def probed_stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
     vllm_port = free_port()
     vllm_url = f"http://{HOST}:{vllm_port}"
     sidecar = SidecarProcess(endpoint, free_port(), vllm_url, workdir)
+    # Dev mode's /pause and /resume, and --enable-log-requests' "Added request" lines
+    # (IDs and sampling parameters, no prompt text at INFO): test_whatif_capacity holds a
+    # first wave until all of it reached the engine.
     spec = ServerSpec(tiny_model_dir, vllm_port, num_gpu_blocks=NUM_BLOCKS,
-                      extra_env={"KVSCOPE_PROBE_ENDPOINT": endpoint},
-                      extra_args=("--middleware", "kvscope_probe.middleware.KVScopeMiddleware"))
+                      extra_env={"KVSCOPE_PROBE_ENDPOINT": endpoint,
+                                 "VLLM_SERVER_DEV_MODE": "1"},
+                      extra_args=("--middleware", "kvscope_probe.middleware.KVScopeMiddleware",
+                                  "--enable-log-requests"))
     with running_stack(VllmServer(spec, log_path=workdir / "vllm.log"), sidecar) as stack:
         yield stack
 
