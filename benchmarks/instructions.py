@@ -2,7 +2,8 @@
 
     python benchmarks/instructions.py [--running 256 128 32] [--warm 40] [--short 20]
         [--long 120] [--no-sidecar | --no-probe [--pace N]] [--against CHECKOUT]
-        [--floor] [--without-need] [--threads] [--layout-interval S] [--out DIR]
+        [--floor] [--without-need] [--threads] [--layout-interval S]
+        [--store [--store-intervals BATCH INSERT]] [--out DIR]
 
 ``valgrind --tool=cachegrind --cache-sim=no`` counts every instruction of every thread
 exactly, so this machine's run-to-run noise does not apply. One engine process
@@ -14,17 +15,23 @@ loads plugins, sending to a process that discards the frames), each ``warm + sho
 ``warm + long`` steps. Instructions per step = (long child - short child) / (long - short):
 setup, warm-up and exit cancel. ``on / off`` is the whole engine process's ratio.
 
-The sidecar: two ``kvscope serve --clickhouse-dsn off --decision-log off`` processes under
-valgrind (two more of another checkout with ``--against``), started and stopped together
-(so their idle threads run as long), one fed a short run of the largest engine setting,
-the other a long one; their difference over the steps is the sidecar's instructions per
-ingested engine step. The engine runs under valgrind too, so the two sides keep their
-live speed ratio; or, with ``--pace N`` (``--no-probe`` only), natively at N steps a
-second, the rate a valgrind sidecar keeps up with, which skips vLLM's import under
-valgrind (tens of minutes on a loaded 2-core machine). Per-second work is then ~N/100 of
-a live engine's steps apart: ``--layout-interval`` scales the layout sampler to match
-(at 5 steps/s, 20 s is one snapshot per 100 steps, as live at 100 steps/s); the ledger's
-longest-free-run sample (at most every 0.1 s of wall time) is not rescaled.
+The sidecar: two ``kvscope serve --clickhouse-dsn off --decision-log off`` processes (with
+``--store``: the embedded chDB store in the data dir and the decision log to a file, as
+deployed) under valgrind (two more of another checkout with ``--against``), started and
+stopped together (so their idle threads run as long), one fed a short run of the largest
+engine setting, the other a long one; their difference over the steps is the sidecar's
+instructions per ingested engine step. The engine runs under valgrind too, so the two
+sides keep their live speed ratio; or, with ``--pace N`` (``--no-probe`` only), natively
+at N steps a second, the rate a valgrind sidecar keeps up with, which skips vLLM's import
+under valgrind (tens of minutes on a loaded 2-core machine). Per-second work is then
+~N/100 of a live engine's steps apart: ``--layout-interval`` scales the layout sampler to
+match (at 5 steps/s, 20 s is one snapshot per 100 steps, as live at 100 steps/s), and
+``--store-intervals`` the store's batches and inserts; the ledger's longest-free-run
+sample (at most every 0.1 s of wall time) is not rescaled. With the store, both sidecars
+seal and insert what they hold when they stop, so a batch's and an insert's fixed costs
+cancel where the intervals are longer than the run (live they fall every ~1,350 and ~8,100
+steps at 270 steps a second); chDB's background merges after the last insert are not in
+the count.
 
 Under valgrind the engine steps ~50x slower, so the probe's per-interval work (the sender
 wakes every ``KVSCOPE_PROBE_FLUSH_S``, keyframes every ``KVSCOPE_PROBE_KEYFRAME_S``) would
@@ -136,10 +143,21 @@ def jobs(args: argparse.Namespace, sink: str, sidecars: dict[str, str]) -> list[
     return out
 
 
-def make_sidecars(work: Path, layout_s: float, against: Path | None) -> dict[str, Sidecar]:
+def store_flags(args: argparse.Namespace, d: Path) -> list[str]:
+    """The sidecars' store and decision log: off, or (``--store``) on as deployed, the
+    embedded chDB in the data dir and the decision log to a file, batches and inserts
+    ``--store-intervals`` seconds apart."""
+    if not args.store:
+        return ["--clickhouse-dsn=off", "--decision-log=off"]
+    batch, insert = args.store_intervals
+    return [f"--decision-log={d}/decisions.log", f"--clickhouse-batch-interval={batch}",
+            f"--clickhouse-insert-interval={insert}"]
+
+
+def make_sidecars(work: Path, args: argparse.Namespace) -> dict[str, Sidecar]:
     """The sidecars, keyed ``"<label>-<short|long>"``: label ``this`` runs this checkout,
     ``against`` another checkout's ``exporter/`` (a baseline, measured in the same run)."""
-    sides = {}
+    against, sides = args.against, {}
     for label in ("this", "against") if against is not None else ("this",):
         for length in ("short", "long"):
             key = f"{label}-{length}"
@@ -147,8 +165,8 @@ def make_sidecars(work: Path, layout_s: float, against: Path | None) -> dict[str
             (d / "run").mkdir(parents=True)
             sides[key] = Sidecar(
                 f"ipc://{d}/run/probe.sock", d / "sidecar.log",
-                ["--clickhouse-dsn=off", "--decision-log=off", f"--data-dir={d}/data",
-                 f"--layout-interval={layout_s}"],
+                [*store_flags(args, d), f"--data-dir={d}/data",
+                 f"--layout-interval={args.layout_interval}"],
                 prefix=[*VALGRIND, f"--cachegrind-out-file={d}/cg.out"],
                 env={"PYTHONPATH": f"{against}/exporter"} if label == "against" else None)
     return sides
@@ -242,6 +260,12 @@ def main() -> None:
                         "the probe's children (by default it is paused there: see the doc)")
     p.add_argument("--layout-interval", type=float, default=1.0,
                    help="the sidecars' --layout-interval (seconds)")
+    p.add_argument("--store", action="store_true",
+                   help="the sidecars with the embedded store and the decision log on")
+    p.add_argument("--store-intervals", type=float, nargs=2, default=(5.0, 30.0),
+                   metavar=("BATCH", "INSERT"),
+                   help="with --store: the sidecars' --clickhouse-batch-interval and "
+                        "--clickhouse-insert-interval (seconds; scale them with --pace)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kvscope-instr-"))
@@ -252,7 +276,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(1))  # so `finally` stops what it started
     sink = Sink(f"ipc://{work}/sink.sock")
     sink.start()
-    sides = {} if args.no_sidecar else make_sidecars(work, args.layout_interval, args.against)
+    sides = {} if args.no_sidecar else make_sidecars(work, args)
     rows: list[dict[str, Any]] = []
     proc: subprocess.Popen[str] | None = None
     side: dict[str, Any] | None = None
