@@ -96,7 +96,7 @@ class RequestAllocations:
     """A request's block allocations, one array entry each (table ``request_allocations``).
 
     One row per request per run of allocations: the tracker writes it when the request
-    is preempted or ends, and once a second of engine time while it keeps growing. Each
+    is preempted or ends, and every 5 s of engine time while it keeps growing. Each
     entry is what one ``allocated`` RequestEvent held; ``events()`` gives them back."""
 
     ts: float

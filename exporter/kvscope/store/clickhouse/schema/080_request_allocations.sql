@@ -3,8 +3,8 @@
 -- decoding request grows a block every 16 steps, so at 256 running ~16 requests allocate
 -- every step: one request_events row each was ~95% of all rows written. The tracker
 -- collects a request's allocations and writes them as one row of arrays when the request
--- is preempted or ends, and for every request still growing once a second of engine time
--- (so a running request's allocations are at most ~1 s behind, as the other tables are).
+-- is preempted or ends, and for every request still growing every 5 s of engine time
+-- (kvscope.state.request_allocations.FLUSH_EVERY_S: as long as the store gathers rows).
 -- Element i of each array is one allocation: the engine step, its time as milliseconds
 -- after ts, the blocks added, the blocks held after it, the pool's free blocks and the
 -- request's computed tokens then. request_events_all (090) reads them back as one
