@@ -90,8 +90,15 @@ def drive_together(stack: EngineStack, spec: LoadSpec) -> tuple[float, float, fl
     r = httpx.post(f"{url}/pause", params={"mode": "keep", "clear_cache": "false"},
                    timeout=30.0, trust_env=False)
     assert r.status_code == 200, r.text
-    out: list[tuple[float, float, float]] = []
-    load = threading.Thread(target=lambda: out.append(drive(stack, spec)))
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(drive(stack, spec))
+        except BaseException as exc:  # noqa: BLE001 - raised again below, in the test
+            out.append(exc)
+
+    load = threading.Thread(target=run)
     try:
         load.start()
         deadline = time.monotonic() + 120.0
@@ -103,6 +110,8 @@ def drive_together(stack: EngineStack, spec: LoadSpec) -> tuple[float, float, fl
         httpx.post(f"{url}/resume", timeout=30.0, trust_env=False).raise_for_status()
         load.join(600.0)
     (result,) = out
+    if isinstance(result, BaseException):
+        raise result
     return result
 
 
