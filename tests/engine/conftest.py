@@ -154,10 +154,12 @@ def probed_stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
     sidecar = SidecarProcess(endpoint, free_port(), vllm_url, workdir)
     # Dev mode's /pause and /resume, and --enable-log-requests' "Added request" lines
     # (IDs and sampling parameters, no prompt text at INFO): test_whatif_capacity holds a
-    # first wave until all of it reached the engine.
+    # first wave until all of it reached the engine. INFO said here: importing
+    # kvscope.twin turns the test process's VLLM_LOGGING_LEVEL down to WARNING, and the
+    # server would inherit it.
     spec = ServerSpec(tiny_model_dir, vllm_port, num_gpu_blocks=NUM_BLOCKS,
                       extra_env={"KVSCOPE_PROBE_ENDPOINT": endpoint,
-                                 "VLLM_SERVER_DEV_MODE": "1"},
+                                 "VLLM_SERVER_DEV_MODE": "1", "VLLM_LOGGING_LEVEL": "INFO"},
                       extra_args=("--middleware", "kvscope_probe.middleware.KVScopeMiddleware",
                                   "--enable-log-requests"))
     with running_stack(VllmServer(spec, log_path=workdir / "vllm.log"), sidecar) as stack:
