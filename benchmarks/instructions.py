@@ -30,8 +30,10 @@ match (at 5 steps/s, 20 s is one snapshot per 100 steps, as live at 100 steps/s)
 sample (at most every 0.1 s of wall time) is not rescaled. With the store, both sidecars
 seal and insert what they hold when they stop, so a batch's and an insert's fixed costs
 cancel where the intervals are longer than the run (live they fall every ~1,350 and ~8,100
-steps at 270 steps a second); chDB's background merges after the last insert are not in
-the count.
+steps at 270 steps a second) and every table has rows in both feeds: let the short feed
+end after requests have finished (``--warm 400`` at 256 running), or the long sidecar
+inserts tables the short one never did and their fixed cost reads as its rows'. chDB's
+background merges after the last insert are not in the count.
 
 Under valgrind the engine steps ~50x slower, so the probe's per-interval work (the sender
 wakes every ``KVSCOPE_PROBE_FLUSH_S``, keyframes every ``KVSCOPE_PROBE_KEYFRAME_S``) would
