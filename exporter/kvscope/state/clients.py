@@ -52,7 +52,8 @@ MAX_SAME_KEY = 16
 """Starts kept per request ID; a busier ID is ambiguous anyway."""
 LATE_ROW_S = 60.0
 """How much longer than ``join_wait_s`` an answered call's row waits for engines whose
-records have not passed the answer's time (an engine that stopped talking)."""
+records have not passed the answer's time: one whose clock lags the API server's (one that
+stopped talking leaves the horizon sooner, ``hub.HORIZON_HEARD_TICKS``)."""
 MAX_TICK_S = 1.0
 """The most one tick adds to the join's clock. Ticks come every ~0.1 s (0.6-0.8 s apart
 when the machine is loaded); a longer gap is the sidecar stalled, not the records late."""
@@ -98,9 +99,10 @@ class ClientJoin:
                  horizon: Callable[[], float] | None = None) -> None:
         self.emit = emit
         self.horizon = horizon
-        """The wall time every engine's records have reached (``Hub.record_horizon``):
-        an answered call's row waits for it to pass the answer, as the engine's end of
-        the request comes before the answer but may reach the sidecar after it."""
+        """The wall time the records of every engine still talking have reached
+        (``Hub.record_horizon``): an answered call's row waits for it to pass the answer,
+        as the engine's end of the request comes before the answer but may reach the
+        sidecar after it."""
         self.keyer = keyer
         self.join_wait_s = join_wait_s
         self.duplicate_window_s = duplicate_window_s
