@@ -187,7 +187,8 @@ def enable(endpoint: str | None) -> bool:
 def stop_all(timeout_s: float = 5.0) -> None:
     """Flush and stop every sender of this process (tests, the twin at exit, interpreter
     exit), waiting at most ``timeout_s`` in all. A sender flushes for at most about 2 s,
-    then counts what it could not send as dropped."""
+    then counts what it could not send as dropped; the frames its closed socket still
+    queues go out while the probe's context ends, within what is left of ``timeout_s``."""
     senders = list(_senders)
     for s in senders:
         s.stop_event.set()
@@ -196,6 +197,12 @@ def stop_all(timeout_s: float = 5.0) -> None:
         if s.ident is not None:
             s.join(max(0.0, deadline - time.monotonic()))
     _senders.clear()
+    try:
+        from kvscope_probe import iothreads
+
+        iothreads.close_context(deadline - time.monotonic())
+    except Exception as exc:  # noqa: BLE001 - never raise into vLLM's exit
+        log.debug("kvscope probe: ending its ZMQ context failed: %r", exc)
 
 
 EXIT_FLUSH_S = 1.0

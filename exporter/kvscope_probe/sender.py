@@ -186,7 +186,8 @@ class Sender(threading.Thread):
             self._flush_left(deadline)
         except ReferenceError:
             pass  # the scheduler went first: nothing left to flush
-        # frames queued in the socket still go out, within what is left of the deadline
+        # frames queued in the socket go out while the process lives, and as it ends
+        # while plugin.stop_all ends the probe's context (iothreads.close_context)
         self._sock.close(linger=int(max(0.1, deadline - time.monotonic()) * 1000))
 
     def _fault(self, exc: Exception) -> None:

@@ -182,3 +182,84 @@ def test_interpreter_exit_flushes_what_the_ring_holds(tmp_path: Any) -> None:
         pull.close(0)
     assert recorded > 50  # steps, the hello and keyframes
     assert sorted(seqs) == list(range(recorded))
+
+
+STOPPING = """
+import os, sys
+from kvscope.twin import TwinConfig, WorkloadSpec, generate
+from kvscope.twin.engine import Twin
+from kvscope_probe import plugin
+plugin.register()
+twin = Twin(TwinConfig(num_blocks=4096, max_num_seqs=128, max_num_batched_tokens=4096), seed=3)
+twin.run(generate(WorkloadSpec(n_requests=1000, seed=1)))
+print(twin.scheduler._kvscope.seq, flush=True)
+plugin.stop_all(5.0)
+os._exit(0)
+"""
+
+READER = """
+import json, sys, zmq
+from kvscope_probe import wire
+pull = zmq.Context.instance().socket(zmq.PULL)
+pull.bind(sys.argv[1])
+poller = zmq.Poller()
+poller.register(pull, zmq.POLLIN)
+poller.register(sys.stdin, zmq.POLLIN)
+print("ready", flush=True)
+seqs, dropped, size, want = set(), 0, 0, None
+while want is None or len(seqs) < want:  # want: the records the engine made (stdin)
+    ready = dict(poller.poll(120_000 if want is None else 5000))
+    if not ready:
+        break
+    if pull in ready:
+        parts = pull.recv_multipart()
+        size += sum(map(len, parts))
+        frame = wire.decode(parts)
+        dropped += frame.dropped
+        if frame.records and not isinstance(frame.records[0], wire.Heartbeat):
+            seqs.update(range(frame.first_seq, frame.first_seq + len(frame.records)))
+    if sys.stdin.fileno() in ready:
+        want = int(sys.stdin.readline())
+print(json.dumps({"seqs": sorted(seqs), "dropped": dropped, "bytes": size}), flush=True)
+"""
+
+
+def test_a_stopped_probe_delivers_its_queued_frames_before_the_process_ends(
+        tmp_path: Any) -> None:
+    """A process that stops the probe and ends at once (``os._exit``, as a forked engine
+    may) while its sidecar is not reading: the frames the probe's socket still queues go
+    out once the sidecar reads again, within the stop's budget, instead of dying with
+    libzmq's I/O thread (709 of 1,235 records arrived so). The frames (~0.8 MB) outgrow
+    what the kernel's socket buffer holds for a reader that is stopped, and the sidecar
+    resumes 0.3 s after the stop began, inside its 5 s."""
+    import json
+    import os
+    import signal
+    import subprocess
+
+    endpoint = f"ipc://{tmp_path}/probe.sock"
+    reader = subprocess.Popen([sys.executable, "-c", READER, endpoint],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert reader.stdout is not None and reader.stdout.readline().strip() == "ready"
+        env = {**os.environ, plugin.ENV_ENDPOINT: endpoint, "KVSCOPE_PROBE_FLUSH_S": "60"}
+        child = subprocess.Popen([sys.executable, "-c", STOPPING], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        assert child.stdout is not None
+        line = child.stdout.readline()  # every step run; the ring holds them all (60 s)
+        reader.send_signal(signal.SIGSTOP)  # a sidecar that does not read for a moment
+        time.sleep(0.3)
+        reader.send_signal(signal.SIGCONT)
+        assert child.wait(60) == 0
+        recorded = int(line.split()[-1])
+        assert reader.stdin is not None
+        reader.stdin.write(f"{recorded}\n")
+        reader.stdin.flush()
+        got = json.loads(reader.stdout.readline())
+    finally:
+        reader.send_signal(signal.SIGCONT)
+        reader.kill()
+        reader.wait()
+    assert recorded > 1000 and got["bytes"] > 400_000
+    assert got["dropped"] == 0
+    assert got["seqs"] == list(range(recorded)), (len(got["seqs"]), recorded, got["bytes"])
