@@ -61,3 +61,37 @@ def test_a_value_that_is_no_int64_fails_the_batch(bad: object, error: type) -> N
     else:
         with pytest.raises((pa.ArrowInvalid, pa.ArrowTypeError, OverflowError)):
             pyarrows_own([row, broken])
+
+
+def test_a_layout_rows_per_block_columns_go_at_the_stores_width() -> None:
+    """states UInt8, block_group Int8, owner UInt32 (050_layout_snapshots.sql): a quarter
+    of the bytes int64 took, the values unchanged, from numpy arrays or Python lists."""
+    import dataclasses
+
+    import numpy as np
+
+    from kvscope.rows import LayoutSnapshotRow
+
+    n = 1000
+    lists = LayoutSnapshotRow(
+        ts=1_700_000_000.0, model="m", engine="0", session="s", step=7, num_blocks=n,
+        free_blocks=1, cached_blocks=1, used_blocks=1, max_contiguous_free=1,
+        budget_utilization=0.5, running=1, waiting=0, kv_group_kinds=["FullAttentionSpec"],
+        states=[i % 4 for i in range(n)], block_group=[(i % 3) - 1 for i in range(n)],
+        owner=[i * 4_000_000 for i in range(n)], owner_req_ids=["r"], owner_blocks=[3],
+        owner_fragments=[1], owner_group_runs=[[[5, 3]]])
+    arrays = dataclasses.replace(lists, states=np.array(lists.states, np.uint8),
+                                 block_group=np.array(lists.block_group, np.int8),
+                                 owner=np.array(lists.owner, np.uint32))
+    for row in (lists, arrays):
+        got = arrow.to_record_batch("layout_snapshots", [row])
+        assert [got.schema.field(c).type.value_type for c in ("states", "block_group", "owner")
+                ] == [pa.uint8(), pa.int8(), pa.uint32()]
+        assert got.column("states").to_pylist() == [lists.states]
+        assert got.column("block_group").to_pylist() == [lists.block_group]
+        assert got.column("owner").to_pylist() == [lists.owner]
+    too_big = dataclasses.replace(arrays, states=np.array([0, 1, 300], np.int64))
+    with pytest.raises(pa.ArrowInvalid, match="300"):
+        arrow.to_record_batch("layout_snapshots", [too_big])
+    with pytest.raises(pa.ArrowInvalid):
+        arrow.to_record_batch("layout_snapshots", [dataclasses.replace(lists, owner=[-1])])

@@ -1,7 +1,8 @@
 """Rows to Arrow IPC (ClickHouse's ``FORMAT Arrow``): the bytes kvscope spools and sends.
 
 Column types follow the row dataclasses: ``int`` -> int64, ``float`` -> float64, ``str`` ->
-string, ``bool`` -> bool; ClickHouse casts them to the narrower column types on insert.
+string, ``bool`` -> bool; ClickHouse casts them to the narrower column types on insert,
+except the per-block columns in ``NARROW``, sent at the store's own width.
 Float epoch seconds named ``ts`` or ``*_ts`` become ``timestamp[ms, UTC]`` for the
 ``DateTime64(3, 'UTC')`` columns, rounded to the millisecond.
 """
@@ -26,6 +27,16 @@ _TYPES = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": 
           "list[list[list[int]]]": pa.list_(pa.list_(pa.list_(pa.int64())))}
 
 
+NARROW: dict[str, dict[str, pa.DataType]] = {
+    "layout_snapshots": {"states": pa.uint8(), "block_group": pa.int8(), "owner": pa.uint32()},
+}
+"""Integer list columns sent at the store's own width (clickhouse/schema/050), not int64:
+a layout row's three per-block arrays, 131,072 entries each at 128k blocks, were 3.1 MB of
+the batch as int64 and are 0.8 MB so, in every copy the spool, the combined insert and the
+store make of it. A value out of the narrow type's range fails the batch (pyarrow checks
+it), as an int64 overflow does."""
+
+
 def is_time(column: str) -> bool:
     return column == "ts" or column.endswith("_ts")
 
@@ -33,10 +44,12 @@ def is_time(column: str) -> bool:
 @functools.cache
 def arrow_schema(table: str) -> pa.Schema:
     out = []
+    narrow = NARROW.get(table, {})
     for f in fields(TABLES[table]):
         kind = f.type if isinstance(f.type, str) else f.type.__name__
-        out.append(pa.field(f.name, TIMESTAMP if is_time(f.name) else _TYPES[kind],
-                            nullable=False))
+        typ = (TIMESTAMP if is_time(f.name) else
+               pa.list_(narrow[f.name]) if f.name in narrow else _TYPES[kind])
+        out.append(pa.field(f.name, typ, nullable=False))
     return pa.schema(out)
 
 
@@ -74,7 +87,7 @@ def _list_of_arrays(col: list[np.ndarray], typ: pa.ListType) -> pa.Array:
     np.cumsum([v.size for v in col], out=offsets[1:])
     if offsets[-1] >= 2**31:  # past a list array's int32 offsets: let pyarrow say so
         return pa.array(col, type=typ)
-    values = np.concatenate(col).astype(np.int64, copy=False)  # list[int] is int64
+    values = np.concatenate(col)  # pa.array casts it to the column's type, range checked
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)),
                                     pa.array(values, type=typ.value_type))
 
@@ -93,7 +106,7 @@ def _list_of_ints(col: list[list[int]], typ: pa.ListType) -> pa.Array:
     np.cumsum(np.fromiter(map(len, col), np.int64, len(col)), out=offsets[1:])
     if offsets[-1] >= 2**31:  # past a list array's int32 offsets: let pyarrow say so
         return pa.array(col, type=typ)
-    values = np.frombuffer(flat, np.int64)  # list[int] is int64
+    values = np.frombuffer(flat, np.int64)  # cast to the column's type, range checked
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)),
                                     pa.array(values, type=typ.value_type))
 
