@@ -96,9 +96,10 @@ def _list_of_ints(col: list[list[int]], typ: pa.ListType) -> pa.Array:
     """A list column whose values are lists of Python ints (a ``request_allocations`` row's
     six arrays, ~30 entries each), read into one machine-int buffer by ``array.fromlist``:
     1.9 ms for 762 rows' six columns, where ``pa.array`` took 4.1 ms reading each int
-    through its generic converter. A value that is not an int, or out of int64's range,
-    raises (TypeError, OverflowError) as ``pa.array`` would (ArrowInvalid); a bool passes
-    as 0 or 1."""
+    through its generic converter. A value that is not an int (a float too, which
+    ``pa.array`` stored truncated) or out of int64's range raises TypeError or
+    OverflowError where ``pa.array`` raised ArrowInvalid, and one out of a ``NARROW``
+    column's range ArrowInvalid; a bool passes as 0 or 1."""
     flat = array("q")
     for v in col:
         flat.fromlist(v)
