@@ -9,6 +9,7 @@ import pytest
 from kvscope.rows import RequestAllocations
 from kvscope.store import arrow
 
+
 def allocations(rid: str, n: int, base: int) -> RequestAllocations:
     col = [base + 7 * i for i in range(n)]
     return RequestAllocations(ts=1_700_000_000.0 + n, model="m", engine="0", request_id=rid,
