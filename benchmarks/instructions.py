@@ -60,10 +60,11 @@ block's ID, reference count and hash; no op order, preemption facts, blocks-need
 audit, heartbeat or sender): ``floor / off`` is what the least exact recording costs the
 same engine, the line under which no probe keeping the ledger exact can go.
 
-``--threads`` counts the probe's children with callgrind instead (the same instructions,
-about three times slower), one file per thread: the table adds, per setting, what the probe
-(and the floor) add on the engine thread and on the other threads (the sender, libzmq's
-I/O thread).
+``--threads`` counts with callgrind instead (the same instructions, about three times
+slower), one file per thread: the table adds, per setting, what the probe (and the floor)
+add on the engine thread and on the other threads (the sender, libzmq's I/O thread); each
+sidecar's figure is split by thread class (``SIDECAR_THREADS``): which thread runs the
+instructions, to set beside what each thread's CPU time is live (``sidecar_live.py``).
 
 The parent runs a tiny engine before it forks: building a scheduler imports ~250 more
 modules, and the first child used to compile those without a .pyc, which the next
@@ -122,6 +123,33 @@ def thread_ir(work: Path, pid: int) -> dict[str, int]:
     return {"engine": ir.pop(1), "others": sum(ir.values())}
 
 
+SIDECAR_THREADS = (("main and store sending", ("Py_RunMain", "pybind11")),
+                   ("ingest", ("mpack_decode",)),
+                   ("decision log", ("json_encode",)),
+                   ("store batching", ("arrow::ipc",)),
+                   ("layout and other Python", ("PyEval",)))
+"""``--threads``: a sidecar thread's class, by the first of these whose C functions it ran
+(callgrind names no Python function and no thread): the main thread runs Py_RunMain, and
+chDB's connection opens on it or on the store's sending thread (its queries go through
+pybind11), whichever gets there first, so the two are one class; msgspec's decoder runs
+on the ingest thread, its JSON encoder on the decision log's, pyarrow's IPC writer on the
+store's batching thread; the rest of the threads that run Python are the layout sampler's
+(most of it), the socket thread's and the HTTP server's workers. Threads that run no
+Python are chDB's and libzmq's own (``native``)."""
+
+
+def sidecar_thread_ir(out: Path) -> dict[str, int]:
+    """``--threads``: a sidecar's instructions by thread class (``SIDECAR_THREADS``), from
+    callgrind's files ``<out>-<NN>``."""
+    by: dict[str, int] = {}
+    for f in sorted(out.parent.glob(f"{out.name}-*")):
+        text = f.read_text(errors="replace")
+        kind = next((k for k, marks in SIDECAR_THREADS if any(m in text for m in marks)),
+                    "native")
+        by[kind] = by.get(kind, 0) + total_ir(f)
+    return by
+
+
 def jobs(args: argparse.Namespace, sink: str, sidecars: dict[str, str]) -> list[dict[str, Any]]:
     """The sidecars' feeds first (the largest setting), then the probe's settings."""
     out = []
@@ -169,7 +197,8 @@ def make_sidecars(work: Path, args: argparse.Namespace) -> dict[str, Sidecar]:
                 f"ipc://{d}/run/probe.sock", d / "sidecar.log",
                 [*store_flags(args, d), f"--data-dir={d}/data",
                  f"--layout-interval={args.layout_interval}"],
-                prefix=[*VALGRIND, f"--cachegrind-out-file={d}/cg.out"],
+                prefix=([*BY_THREAD, f"--callgrind-out-file={d}/cg.out"] if args.threads
+                        else [*VALGRIND, f"--cachegrind-out-file={d}/cg.out"]),
                 env={"PYTHONPATH": f"{against}/exporter"} if label == "against" else None)
     return sides
 
@@ -255,8 +284,9 @@ def main() -> None:
                    help="also count the probe with its blocks-needed hook never armed "
                         "(attribution: what that hook costs)")
     p.add_argument("--threads", action="store_true",
-                   help="count the probe's children with callgrind, by thread (slower): the "
-                        "engine thread's share apart from the sender's and libzmq's")
+                   help="count with callgrind, by thread (slower): the probe's children (the "
+                        "engine thread apart from the sender's and libzmq's) and the sidecars "
+                        "(SIDECAR_THREADS)")
     p.add_argument("--collector", action="store_true",
                    help="leave Python's cyclic collector running in the measured steps of "
                         "the probe's children (by default it is paused there: see the doc)")
@@ -305,13 +335,15 @@ def main() -> None:
             print(f"  job {r['job']['tag']} {r['job'].get('variant', 'sidecar feed')}: "
                   f"{r['steps']} steps, {r['ir'] / 1e9:.2f} G instructions", flush=True)
             if sides and side is None and len(rows) == len(sides):  # their feeds are done
-                side = sidecar_instructions(sides, rows)
+                side = sidecar_instructions(sides, rows, args.threads)
                 for label, v in side.items():
                     print(f"sidecar ({label}): {v['ir_per_step'] / 1e6:.3f} M instructions "
                           f"per ingested engine step", flush=True)
+                    for kind, n in (v["by_thread"] or {}).items():
+                        print(f"  {kind}: {n / 1e3:.1f} k", flush=True)
         proc.wait()
         proc = None
-        for r in rows if args.threads else ():  # the sidecars' feeds too: same files
+        for r in rows if args.threads and not args.pace else ():  # the feeds' too: same files
             r["ir_threads"] = thread_ir(work, r["pid"])
             r["ir"] = sum(r["ir_threads"].values())
     finally:
@@ -333,8 +365,8 @@ SETTLED_S = 10.0
 it will get."""
 
 
-def sidecar_instructions(sides: dict[str, Sidecar],
-                         rows: list[dict[str, Any]]) -> dict[str, Any]:
+def sidecar_instructions(sides: dict[str, Sidecar], rows: list[dict[str, Any]],
+                         threads: bool = False) -> dict[str, Any]:
     """Wait until each sidecar has every step of its feed, stop them all together, and
     difference each label's long and short sidecar by the steps each ingested.
 
@@ -366,12 +398,18 @@ def sidecar_instructions(sides: dict[str, Sidecar],
         os.killpg(s.pid, signal.SIGTERM)
     for s in sides.values():
         s.proc.wait(300)  # type: ignore[union-attr]
-    ir = {k: total_ir(Path(s.endpoint.removeprefix("ipc://")).parent.parent / "cg.out")
-          for k, s in sides.items()}
+    files = {k: Path(s.endpoint.removeprefix("ipc://")).parent.parent / "cg.out"
+             for k, s in sides.items()}
+    by = {k: sidecar_thread_ir(f) for k, f in files.items()} if threads else {}
+    ir = ({k: sum(v.values()) for k, v in by.items()} if threads else
+          {k: total_ir(f) for k, f in files.items()})
     out = {}
     for label in sorted({k.rsplit("-", 1)[0] for k in sides}):
         steps = ingested[f"{label}-long"] - ingested[f"{label}-short"]
+        long, short = by.get(f"{label}-long", {}), by.get(f"{label}-short", {})
         out[label] = {"ir_per_step": (ir[f"{label}-long"] - ir[f"{label}-short"]) / steps,
+                      "by_thread": {k: (long.get(k, 0) - short.get(k, 0)) / steps
+                                    for k in sorted(long.keys() | short.keys())} or None,
                       "steps": steps, "fed": {k: fed[k]["steps"] for k in fed
                                               if k.startswith(label)},
                       "ingested": {k: v for k, v in ingested.items() if k.startswith(label)},
