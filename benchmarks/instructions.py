@@ -130,8 +130,9 @@ SIDECAR_THREADS = (("main and store sending", ("Py_RunMain", "pybind11")),
                    ("layout and other Python", ("PyEval",)))
 """``--threads``: a sidecar thread's class, by the first of these whose C functions it ran
 (callgrind names no Python function and no thread): the main thread runs Py_RunMain, and
-chDB's connection opens on it or on the store's sending thread (its queries go through
-pybind11), whichever gets there first, so the two are one class; msgspec's decoder runs
+chDB's connection opens on it or on the store's sending thread (chDB's queries go through
+pybind11, a reader's on an HTTP worker too), whichever gets there first, so the two are
+one class; msgspec's decoder runs
 on the ingest thread, its JSON encoder on the decision log's, pyarrow's IPC writer on the
 store's batching thread; the rest of the threads that run Python are the layout sampler's
 (most of it), the socket thread's and the HTTP server's workers. Threads that run no
