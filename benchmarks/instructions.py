@@ -132,11 +132,10 @@ SIDECAR_THREADS = (("main and store sending", ("Py_RunMain", "pybind11")),
 (callgrind names no Python function and no thread): the main thread runs Py_RunMain, and
 chDB's connection opens on it or on the store's sending thread (chDB's queries go through
 pybind11, a reader's on an HTTP worker too), whichever gets there first, so the two are
-one class; msgspec's decoder runs
-on the ingest thread, its JSON encoder on the decision log's, pyarrow's IPC writer on the
-store's batching thread; the rest of the threads that run Python are the layout sampler's
-(most of it), the socket thread's and the HTTP server's workers. Threads that run no
-Python are chDB's and libzmq's own (``native``)."""
+one class; msgspec's decoder runs on the ingest thread, its JSON encoder on the decision
+log's, pyarrow's IPC writer on the store's batching thread; the rest of the threads that
+run Python are the layout sampler's (most of it), the socket thread's and the HTTP
+server's workers. Threads that run no Python are chDB's and libzmq's own (``native``)."""
 
 
 def sidecar_thread_ir(out: Path) -> dict[str, int]:
