@@ -20,7 +20,10 @@ process's clock-tick total, 10 ms a tick, read 4 to 8 ms a second for the same i
 sidecar over 5 s) over the same time, divided by the engine steps it ingested (with
 ``--skip-s``, the window starts that long after the engines start stepping: what each
 engine's connection costs once, its first layout row in the store above all, is left out);
-the rows it wrote per second and per step per engine (``kvscope_sink_rows_written_total``);
+the rows it wrote per second and per step per engine (``kvscope_sink_rows_written_total``;
+a store-on window in which the store's rows did not grow held none of its inserts, which
+go in every 30 s a table, and the script says so under the table: on a machine that steps
+~400 times a second, 10,000 steps is a 20 s window, and 30,000 or more holds two or three);
 its own report of its CPU by thread (``kvscope_sidecar_cpu_seconds_total``), per step; its
 RSS growth per engine; and with ``--py-spy`` a ``py-spy record -r 200 -f raw --threads``
 profile of the sidecar over the feed, summed by thread and by function. A report, never
@@ -252,6 +255,7 @@ def measure(args: argparse.Namespace, variant: str, work: Path, label: str,
     wall = t1 - t0
     busy = (c1 - c0) - idle_rate * wall
     rows = {k: rows1.get(k, 0.0) - rows0.get(k, 0.0) for k in rows1}
+    store_rows = sum(v for k, v in rows.items() if k.startswith("clickhouse:"))
     out = {
         "variant": variant, "sidecar": label, "engines": args.engines, "steps": steps,
         "wall_s": wall,
@@ -260,6 +264,8 @@ def measure(args: argparse.Namespace, variant: str, work: Path, label: str,
         "cores": busy / wall, "engine_steps_per_s": steps / wall / args.engines,
         "rows_per_s_per_engine": {k: v / wall / args.engines for k, v in rows.items()},
         "rows_per_step": {k: v / max(1, steps) for k, v in rows.items()},
+        "store_rows_in_window": store_rows,
+        "store_on": VARIANTS[variant] is not VARIANTS["off"],
         "rss_idle_kib": rss_idle["VmRSS"], "rss_kib": rss["VmRSS"], "hwm_kib": rss["VmHWM"],
         "rss_per_engine_kib": (rss["VmRSS"] - rss_idle["VmRSS"]) / args.engines,
         "engine_runs": results,
@@ -315,6 +321,9 @@ def main() -> None:
               f"{sum(r['rows_per_s_per_engine'].values()):10.0f} "
               f"{r['rss_per_engine_kib'] / 1024:11.1f} {r['mismatches']:4d} {r['gaps']:4d} "
               f"{r['dropped']:4d}", flush=True)
+        if r["store_on"] and not r["store_rows_in_window"]:
+            print(f"  no store insert landed in this {r['wall_s']:.0f} s window: the figure "
+                  f"leaves the store's inserts out (run more --steps)")
         print("  CPU s by OS thread:", r["cpu_s_by_os_thread"])
         print("  µs a step by thread, as the sidecar reports it:", r["own_metric_us_per_step"])
         print("    of which in the kernel:", r["kernel_cpu_s_by_os_thread"])
