@@ -8,6 +8,9 @@ import contextlib
 import os
 import socket
 import stat
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -174,6 +177,37 @@ def test_ipc_endpoints_are_private_to_this_user(tmp_path: Path) -> None:
     finally:
         rx.start()
         rx.stop()
+
+
+def test_a_receiver_never_started_leaves_nothing_that_hangs_its_process(
+        tmp_path: Path) -> None:
+    """Built and dropped (a sidecar that failed to start, a test), or failing to bind, ipc or
+    tcp: the next cyclic collection finishes, and so does the process. The receiver made
+    its ZMQ context and sockets when built; dropped in a cycle with its ingest thread, the
+    context's finaliser waited forever for sockets the collector had not closed yet."""
+    code = textwrap.dedent(f"""
+        import gc
+        from kvscope.sidecar.config import ServeConfig
+        from kvscope.sidecar.ingest.receiver import Receiver
+        from kvscope.sidecar.server import Sidecar
+        from kvscope.state.hub import Hub
+
+        Receiver(Hub(), ["ipc://{tmp_path}/a.sock"])
+        Receiver(Hub(), ["tcp://127.0.0.1:{free_port()}"], secret={SECRET!r})
+        gc.collect()
+        try:
+            Receiver(Hub(), ["ipc:///proc/kvscope-nowhere/p.sock"]).bind()
+        except OSError:
+            pass
+        gc.collect()
+        Sidecar(ServeConfig(endpoints=("ipc://{tmp_path}/b.sock",), clickhouse_dsn="off",
+                            decision_log="off", data_dir="{tmp_path}"))
+        gc.collect()
+        print("collected")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert (out.returncode, out.stdout.strip()) == (0, "collected"), out.stderr[-2000:]
 
 
 def test_tcp_without_a_secret_is_refused_at_construction() -> None:

@@ -112,32 +112,61 @@ class Receiver(threading.Thread):
         self.queue = FrameQueue(buffer_bytes)
         self.received = 0
         """Messages read from the sockets (queued or refused as buffer_full)."""
-        self._ctx = zmq.Context()
         tcp = [ep for ep in endpoints if requires_auth(ep)]
         if tcp and secret is None:
             raise ValueError(f"tcp endpoints {', '.join(tcp)} need the probe secret")
-        self.gate = CurveGate(self._ctx, curve_keys(secret)) if tcp and secret else None
+        self._keys = curve_keys(secret) if tcp and secret else None
+        self._rcvhwm = rcvhwm
+        self._ctx: zmq.Context[Any] | None = None
+        """Made with the gate and the sockets by ``bind`` (or ``run``), never here: a
+        receiver is in a reference cycle with its ingest thread, and a context dropped
+        with its sockets still open waits in its finaliser for them forever, so the first
+        cyclic collection after a receiver was built and never started (a sidecar that
+        failed to start, a test) hung its process."""
+        self.gate: CurveGate | None = None
         self._socks: dict[str, zmq.Socket[Any]] = {}
-        for kind in {"tcp" if requires_auth(ep) else "ipc" for ep in endpoints}:
-            sock = self._ctx.socket(zmq.PULL)
-            sock.setsockopt(zmq.RCVHWM, rcvhwm)
+        self._ingest = threading.Thread(target=self._ingest_loop, name="kvscope-ingest",
+                                        daemon=True)
+
+    def _open(self) -> None:
+        """The context, the CURVE gate (tcp) and a socket per kind of endpoint; once."""
+        if self._ctx is not None:
+            return
+        self._ctx = ctx = zmq.Context()
+        self.gate = CurveGate(ctx, self._keys) if self._keys is not None else None
+        for kind in {"tcp" if requires_auth(ep) else "ipc" for ep in self.endpoints}:
+            sock = ctx.socket(zmq.PULL)
+            sock.setsockopt(zmq.RCVHWM, self._rcvhwm)
             sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
             sock.setsockopt(zmq.LINGER, 0)
             if kind == "tcp" and self.gate is not None:
                 self.gate.secure(sock)
             self._socks[kind] = sock
-        self._ingest = threading.Thread(target=self._ingest_loop, name="kvscope-ingest",
-                                        daemon=True)
 
     def bind(self) -> None:
         """Bind every endpoint now, so a bad endpoint fails at start, loudly."""
-        for ep in self.endpoints:
-            prepare_endpoint(ep)
-            self._socks["tcp" if requires_auth(ep) else "ipc"].bind(ep)
-            if ep.startswith("ipc://"):
-                os.chmod(ep[len("ipc://"):], 0o600)
+        self._open()
+        try:
+            for ep in self.endpoints:
+                prepare_endpoint(ep)
+                self._socks["tcp" if requires_auth(ep) else "ipc"].bind(ep)
+                if ep.startswith("ipc://"):
+                    os.chmod(ep[len("ipc://"):], 0o600)
+        except BaseException:  # never started: nothing else would close them (``_ctx``)
+            self._discard()
+            raise
         log.info("receiving probe records on %s%s", ", ".join(self.endpoints),
                  " (tcp: CURVE)" if self.gate else "")
+
+    def _discard(self) -> None:
+        """Close the sockets, the gate and the context of a receiver that will not run."""
+        for s in self._socks.values():
+            s.close(0)
+        if self.gate:
+            self.gate.close()
+        if self._ctx is not None:
+            self._ctx.term()
+        self._ctx, self.gate, self._socks = None, None, {}
 
     def alive(self) -> bool:
         """Both threads run and neither failed (what /healthz reports)."""
@@ -151,6 +180,7 @@ class Receiver(threading.Thread):
         name_os_thread()
         self._ingest.start()
         try:  # whatever happens, the ingest thread ends once the queue is drained
+            self._open()  # (bound already, unless started without ``bind``)
             poller = zmq.Poller()
             readers = list(self._socks.values())
             for s in readers + (self.gate.sockets() if self.gate else []):
@@ -177,7 +207,8 @@ class Receiver(threading.Thread):
             if self.gate:
                 self.gate.close()
             self._ingest.join(5.0)
-            self._ctx.term()
+            if self._ctx is not None:
+                self._ctx.term()
 
     def _read(self, sock: zmq.Socket[Any]) -> int:
         """Every message waiting on ``sock`` (at most 1000) into the queue, a batch at a
