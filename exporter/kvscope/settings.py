@@ -112,6 +112,11 @@ SETTINGS: tuple[Setting, ...] = (
             "seconds between the layout samples kept in ClickHouse per engine; the two "
             "samples around a preemption are kept too (a pair in 10 s at most), an unchanged "
             "pool once in 5 min"),
+    Setting("layout_history_bytes", "KVSCOPE_LAYOUT_HISTORY_BYTES", "--layout-history-bytes",
+            int, 64 << 20, "64 MiB",
+            "layout samples held in memory per engine for the live page and `/layout` (at "
+            "most 600 of them): the history fills in the first minutes and then holds this "
+            "much per engine; at least 1 MiB"),
     Setting("loki_url", "KVSCOPE_LOKI_URL", "--loki-url", str, None, "none",
             "also push decisions to Loki's HTTP API (spooled and replayed like ClickHouse "
             "rows)"),

@@ -207,3 +207,33 @@ def test_layout_rows_as_arrays_encode_as_the_lists_do() -> None:
     b = arrow.to_record_batch("layout_snapshots", arrays)
     assert a.equals(b) and a.num_rows == len(snaps)
     assert arrow.encode("layout_snapshots", lists) == arrow.encode("layout_snapshots", arrays)
+
+
+
+def served_history_bytes(tmp_path: Path, env: dict[str, str]) -> int:
+    """The layout sampler's bound in a sidecar built as ``kvscope serve`` builds it from
+    ``env`` (only the figure leaves: a failed assertion keeps no sidecar, whose unstarted
+    receiver's sockets would hold the interpreter's exit)."""
+    from kvscope.sidecar.config import from_sources
+    from kvscope.sidecar.server import Sidecar
+
+    cli = {"endpoints": (f"ipc://{tmp_path}/p.sock",)}
+    base = {"KVSCOPE_CLICKHOUSE_DSN": "off", "KVSCOPE_DECISION_LOG": "off",
+            "KVSCOPE_DATA_DIR": str(tmp_path)}
+    return Sidecar(from_sources(cli, {**base, **env})).layout.history_bytes
+
+
+def test_serve_bounds_each_engines_layout_history_as_configured(tmp_path: Path) -> None:
+    """``--layout-history-bytes`` / ``KVSCOPE_LAYOUT_HISTORY_BYTES`` is the sampler's bound
+    in a served sidecar (the bound itself: ``test_history_is_bounded_by_count_and_by_bytes``);
+    less than 1 MiB is refused with the reason."""
+    import pytest
+
+    from kvscope.errors import ConfigError
+
+    assert served_history_bytes(tmp_path, {}) == 64 << 20
+    assert served_history_bytes(tmp_path, {"KVSCOPE_LAYOUT_HISTORY_BYTES": str(3 << 20)}) == (
+        3 << 20)
+    with pytest.raises(ConfigError) as err:
+        served_history_bytes(tmp_path, {"KVSCOPE_LAYOUT_HISTORY_BYTES": str((1 << 20) - 1)})
+    assert err.value.errors == ["layout history must be at least 1 MiB"]

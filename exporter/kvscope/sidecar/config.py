@@ -54,6 +54,7 @@ class ServeConfig:
     loki_tenant: str | None = default("loki_tenant")
     layout_interval_s: float = default("layout_interval_s")
     layout_store_interval_s: float = default("layout_store_interval_s")
+    layout_history_bytes: int = default("layout_history_bytes")
     tls_cert: str | None = default("tls_cert")
     tls_key: str | None = field(default=default("tls_key"), repr=False)
     hash_key_file: str | None = default("hash_key_file")
@@ -127,6 +128,8 @@ class ServeConfig:
             errors.append("layout interval must be between 0.05 and 3600 seconds")
         if not 0.05 <= self.layout_store_interval_s <= 86400:
             errors.append("layout store interval must be between 0.05 and 86400 seconds")
+        if self.layout_history_bytes < 1 << 20:
+            errors.append("layout history must be at least 1 MiB")
         if self.decision_log_max_bytes < 4096:
             errors.append("decision log rotation size must be at least 4096 bytes")
         if bool(self.tls_cert) != bool(self.tls_key):

@@ -77,7 +77,8 @@ class Sidecar:
             token=cfg.token,
             receiver_alive=lambda: self.receiver.alive(),
         )
-        self.layout = LayoutSampler(self.hub, interval_s=cfg.layout_interval_s)
+        self.layout = LayoutSampler(self.hub, interval_s=cfg.layout_interval_s,
+                                    history_bytes=cfg.layout_history_bytes)
         self.layout.subscribe(self._layout_rows)
         self.layout_cadence = StoreCadence(cfg.layout_store_interval_s)
         history = clickhouse_history(store.fresh_client, store.database) if store else None
