@@ -1,7 +1,7 @@
 """The sidecar's cost live: a real ``kvscope serve`` fed by real probes in twin engines.
 
     python benchmarks/sidecar_live.py [--variants on off on-1s] [--engines 1] [--running 256]
-        [--pool 32768] [--interval 0] [--steps 2000] [--skip-s 0] [--py-spy]
+        [--pool 32768] [--interval 0] [--steps 2000] [--skip-s 0] [--rss-every-s 15] [--py-spy]
         [--against CHECKOUT] [--out DIR]
 
 Each engine is ``decode_feed.py`` in its own process: vLLM's real scheduler with no model,
@@ -25,7 +25,9 @@ a store-on window in which the store's rows did not grow held none of its insert
 go in every 30 s a table, and the script says so under the table: on a machine that steps
 ~400 times a second, 10,000 steps is a 20 s window, and 30,000 or more holds two or three);
 its own report of its CPU by thread (``kvscope_sidecar_cpu_seconds_total``), per step; its
-RSS growth per engine; and with ``--py-spy`` a ``py-spy record -r 200 -f raw --threads``
+RSS growth per engine at the window's end, and its RSS every ``--rss-every-s`` seconds of
+the window (the layout history fills for minutes, so a short window's growth is a point
+on a climb); and with ``--py-spy`` a ``py-spy record -r 200 -f raw --threads``
 profile of the sidecar over the feed, summed by thread and by function. A report, never
 an assertion: prints a table and one JSON line (also ``summary.json``). ``--against``
 runs each variant with another checkout's sidecar too (its ``exporter/`` first on the
@@ -42,6 +44,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -69,6 +72,29 @@ def rss_kib(pid: int) -> dict[str, int]:
     lines = Path(f"/proc/{pid}/status").read_text().splitlines()
     status = dict(line.split(":", 1) for line in lines if ":" in line)
     return {k: int(status[k].split()[0]) for k in ("VmRSS", "VmHWM")}
+
+
+def sample_rss(pid: int, every_s: float, stop: threading.Event,
+               into: list[tuple[float, float]]) -> threading.Thread:
+    """A thread appending (seconds since it started, RSS MiB) of ``pid`` to ``into`` every
+    ``every_s`` seconds until ``stop`` is set (and once more then)."""
+    def run() -> None:
+        t0 = time.monotonic()
+        while True:
+            stopping = stop.wait(every_s)
+            at = round(time.monotonic() - t0, 1)
+            if into and at - into[-1][0] < 1.0:  # stopped right after a sample
+                return
+            try:
+                into.append((at, round(rss_kib(pid)["VmRSS"] / 1024, 1)))
+            except OSError:  # the process ended
+                return
+            if stopping:
+                return
+
+    thread = threading.Thread(target=run, name="rss-sampler", daemon=True)
+    thread.start()
+    return thread
 
 
 def counters(url: str) -> tuple[dict[str, float], dict[str, float]]:
@@ -215,6 +241,7 @@ def measure(args: argparse.Namespace, variant: str, work: Path, label: str,
     endpoint = f"ipc://{vdir}/run/probe.sock"
     side = start_sidecar(endpoint, vdir, variant, src)
     engines: list[Any] = []
+    rss_samples: list[tuple[float, float]] = []
     try:
         time.sleep(args.settle_s)
         rss_idle = rss_kib(side.pid)
@@ -231,6 +258,8 @@ def measure(args: argparse.Namespace, variant: str, work: Path, label: str,
         rows0, own0 = counters(side.url)
         spy = profile(side.pid, vdir / "pyspy.txt") if args.py_spy else None
         c0, t0, th0 = side.cpu_seconds(), time.monotonic(), os_threads(side.pid)
+        rss_stop = threading.Event()
+        sampler = sample_rss(side.pid, args.rss_every_s, rss_stop, rss_samples)
         results = [json.loads(p.stdout.readline()) for p in engines]
         want = dict(zip(names, (r["steps"] for r in results), strict=True))
         deadline = time.monotonic() + 120
@@ -241,6 +270,8 @@ def measure(args: argparse.Namespace, variant: str, work: Path, label: str,
                 break
             time.sleep(0.05)
         c1, t1, th1 = side.cpu_seconds(), time.monotonic(), os_threads(side.pid)
+        rss_stop.set()
+        sampler.join(5)
         rss = rss_kib(side.pid)
         rows1, own1 = counters(side.url)
         if spy is not None:
@@ -268,6 +299,7 @@ def measure(args: argparse.Namespace, variant: str, work: Path, label: str,
         "store_on": VARIANTS[variant] is not VARIANTS["off"],
         "rss_idle_kib": rss_idle["VmRSS"], "rss_kib": rss["VmRSS"], "hwm_kib": rss["VmHWM"],
         "rss_per_engine_kib": (rss["VmRSS"] - rss_idle["VmRSS"]) / args.engines,
+        "rss_mib_samples": rss_samples,
         "engine_runs": results,
         "mismatches": sum(s.get("ledger_mismatches", 0) for s in seen.values()),
         "gaps": sum(s.get("ledger_gaps", 0) for s in seen.values()),
@@ -295,6 +327,8 @@ def main() -> None:
     p.add_argument("--warm", type=int, default=200)
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--idle-s", type=float, default=10.0)
+    p.add_argument("--rss-every-s", type=float, default=15.0,
+                   help="seconds between RSS samples of the sidecar over the window")
     p.add_argument("--settle-s", type=float, default=3.0)
     p.add_argument("--skip-s", type=float, default=0.0,
                    help="start measuring this long after the engines start stepping")
@@ -324,6 +358,9 @@ def main() -> None:
         if r["store_on"] and not r["store_rows_in_window"]:
             print(f"  no store insert landed in this {r['wall_s']:.0f} s window: the figure "
                   f"leaves the store's inserts out (run more --steps)")
+        print("  RSS MiB over the window (s: MiB; idle {:.1f}):".format(
+            r["rss_idle_kib"] / 1024), " ".join(f"{s:.0f}:{m:.0f}"
+                                                for s, m in r["rss_mib_samples"]))
         print("  CPU s by OS thread:", r["cpu_s_by_os_thread"])
         print("  µs a step by thread, as the sidecar reports it:", r["own_metric_us_per_step"])
         print("    of which in the kernel:", r["kernel_cpu_s_by_os_thread"])
