@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from kvscope.layout.history import layout_rows
 from kvscope.layout.sampler import LayoutSampler, decode_runs, encode_runs
@@ -227,8 +228,6 @@ def test_serve_bounds_each_engines_layout_history_as_configured(tmp_path: Path) 
     """``--layout-history-bytes`` / ``KVSCOPE_LAYOUT_HISTORY_BYTES`` is the sampler's bound
     in a served sidecar (the bound itself: ``test_history_is_bounded_by_count_and_by_bytes``);
     less than 1 MiB is refused with the reason."""
-    import pytest
-
     from kvscope.errors import ConfigError
 
     assert served_history_bytes(tmp_path, {}) == 64 << 20

@@ -158,12 +158,15 @@ class Receiver(threading.Thread):
         log.info("receiving probe records on %s%s", ", ".join(self.endpoints),
                  " (tcp: CURVE)" if self.gate else "")
 
-    def _discard(self) -> None:
-        """Close the sockets, the gate and the context of a receiver that will not run."""
+    def _close_sockets(self) -> None:
         for s in self._socks.values():
             s.close(0)
         if self.gate:
             self.gate.close()
+
+    def _discard(self) -> None:
+        """Close the sockets, the gate and the context of a receiver that will not run."""
+        self._close_sockets()
         if self._ctx is not None:
             self._ctx.term()
         self._ctx, self.gate, self._socks = None, None, {}
@@ -202,10 +205,7 @@ class Receiver(threading.Thread):
             log.exception("receiver stopped")
         finally:
             self._reading.clear()
-            for s in self._socks.values():
-                s.close(0)
-            if self.gate:
-                self.gate.close()
+            self._close_sockets()
             self._ingest.join(5.0)
             if self._ctx is not None:
                 self._ctx.term()
