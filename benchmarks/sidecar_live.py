@@ -1,8 +1,8 @@
 """The sidecar's cost live: a real ``kvscope serve`` fed by real probes in twin engines.
 
-    python benchmarks/sidecar_live.py [--variants on off on-1s] [--engines 1] [--running 256]
-        [--pool 32768] [--interval 0] [--steps 2000] [--skip-s 0] [--rss-every-s 15] [--py-spy]
-        [--against CHECKOUT] [--out DIR]
+    python benchmarks/sidecar_live.py [--variants on off on-1s on-loki] [--engines 1]
+        [--running 256] [--pool 32768] [--interval 0] [--steps 2000] [--skip-s 0]
+        [--rss-every-s 15] [--py-spy] [--against CHECKOUT] [--rounds 1] [--out DIR]
 
 Each engine is ``decode_feed.py`` in its own process: vLLM's real scheduler with no model,
 16-token blocks, a ``--pool`` of 32,768 blocks by default, ``--running`` seats kept busy
@@ -10,7 +10,9 @@ by short-prompt, long-output requests, at most one step each ``--interval`` seco
 the probe loaded the way vLLM loads plugins. ``on``: the sidecar as deployed by default
 (the embedded chDB store in its data dir and the decision log to a file); ``off``:
 ``--clickhouse-dsn off --decision-log off``; ``on-1s``: ``on`` with the store's batches
-gathered for 1 s (the default before it was 5 s).
+gathered for 1 s (the default before it was 5 s); ``on-loki``: ``on`` pushing the decisions
+to Loki's HTTP API too (``--loki-url``: an endpoint in this script's process that takes
+each push as Loki does, counts its lines and answers 204; no Loki server runs here).
 
 What is measured, per variant: the whole ``kvscope serve`` process's CPU (every thread:
 ingest, HTTP, layout sampler, store) from the moment the engines start stepping until
@@ -32,7 +34,10 @@ profile of the sidecar over the feed, summed by thread and by function. A report
 an assertion: prints a table and one JSON line (also ``summary.json``). ``--against``
 runs each variant with another checkout's sidecar too (its ``exporter/`` first on the
 sidecar's ``PYTHONPATH``; the engines and the probe stay this checkout's), right after
-this one's: compare sidecars in one run, not across runs.
+this one's: compare sidecars in one run, not across runs. ``--rounds N`` runs the whole
+sequence N times over and ends with each sidecar and variant's median and range: the same
+code read 88, 100 and 118 µs a step in three runs of one hour on this machine, so one run
+says little about a target within that spread.
 """
 
 from __future__ import annotations
@@ -41,18 +46,22 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from _common import Sidecar, git_state, machine_noise, scrape, sidecar_engine, write_summary
 from decode_feed import NO_PREEMPT_POOL
 
+from kvscope.decisions.loki import PUSH_PATH
+from kvscope.localvllm.server import HOST
 from kvscope.procs import stop_process
 
 HERE = Path(__file__).resolve().parent
@@ -62,6 +71,8 @@ VARIANTS = {
                          f"--data-dir={work}/data"],
     "on-1s": lambda work: [f"--data-dir={work}/data", f"--decision-log={work}/decisions.log",
                            "--clickhouse-batch-interval=1"],
+    "on-loki": lambda work: [f"--data-dir={work}/data", f"--decision-log={work}/decisions.log",
+                             f"--loki-url={loki_push().url}"],
 }
 WATCH = ("EngineState._step", "RequestTracker._step", "RequestTracker._event",
          "Ledger.apply_tables", "Ledger.apply", "decode", "LayoutSampler", "snapshot",
@@ -234,6 +245,48 @@ def start_sidecar(endpoint: str, vdir: Path, variant: str, src: Path | None) -> 
     return side
 
 
+class LokiPush(ThreadingHTTPServer):
+    """Loki's push endpoint as a sidecar meets it, on 127.0.0.1 in the benchmark's process
+    (its CPU is not the sidecar's): each ``POST /loki/api/v1/push`` read whole, its lines
+    counted, answered 204 as Loki answers; anything else 404."""
+
+    def __init__(self) -> None:
+        super().__init__((HOST, 0), _PushHandler)
+        self.lines = 0
+        self.pushes = 0
+        self.url = f"http://{HOST}:{self.server_address[1]}"
+        threading.Thread(target=self.serve_forever, name="loki-push", daemon=True).start()
+
+
+class _PushHandler(BaseHTTPRequestHandler):
+    server: LokiPush
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.path != PUSH_PATH:
+            self.send_response(404)
+        else:
+            streams = json.loads(body)["streams"]
+            self.server.lines += sum(len(st["values"]) for st in streams)
+            self.server.pushes += 1
+            self.send_response(204)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+_loki: list[LokiPush] = []
+
+
+def loki_push() -> LokiPush:
+    """The one push endpoint of this run (started at first use)."""
+    if not _loki:
+        _loki.append(LokiPush())
+    return _loki[0]
+
+
 def measure(args: argparse.Namespace, variant: str, work: Path, label: str,
             src: Path | None) -> dict[str, Any]:
     vdir = work / f"{label}-{variant}"
@@ -256,6 +309,7 @@ def measure(args: argparse.Namespace, variant: str, work: Path, label: str,
         time.sleep(args.skip_s)  # each engine's connection (its first rows) left out
         steps0 = sum((sidecar_engine(side.url, e) or {}).get("steps", 0) for e in names)
         rows0, own0 = counters(side.url)
+        lines0 = loki_push().lines if _loki else 0
         spy = profile(side.pid, vdir / "pyspy.txt") if args.py_spy else None
         c0, t0, th0 = side.cpu_seconds(), time.monotonic(), os_threads(side.pid)
         rss_stop = threading.Event()
@@ -274,6 +328,7 @@ def measure(args: argparse.Namespace, variant: str, work: Path, label: str,
         sampler.join(5)
         rss = rss_kib(side.pid)
         rows1, own1 = counters(side.url)
+        lines1 = loki_push().lines if _loki else 0
         if spy is not None:
             spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
             spy.wait(30)
@@ -296,6 +351,7 @@ def measure(args: argparse.Namespace, variant: str, work: Path, label: str,
         "rows_per_s_per_engine": {k: v / wall / args.engines for k, v in rows.items()},
         "rows_per_step": {k: v / max(1, steps) for k, v in rows.items()},
         "store_rows_in_window": store_rows,
+        "loki_lines_received": lines1 - lines0,
         "store_on": VARIANTS[variant] is not VARIANTS["off"],
         "rss_idle_kib": rss_idle["VmRSS"], "rss_kib": rss["VmRSS"], "hwm_kib": rss["VmHWM"],
         "rss_per_engine_kib": (rss["VmRSS"] - rss_idle["VmRSS"]) / args.engines,
@@ -335,8 +391,12 @@ def main() -> None:
     p.add_argument("--py-spy", action="store_true")
     p.add_argument("--against", type=Path, default=None,
                    help="also run another checkout's sidecar, each variant after this one's")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every variant (and --against) this many times over, in turn")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
     work = Path(tempfile.mkdtemp(prefix="kvscope-live-"))
     out = args.out or work
     out.mkdir(parents=True, exist_ok=True)
@@ -347,8 +407,11 @@ def main() -> None:
     os.environ.pop("PYTHONPATH", None)
     print(f"{'sidecar':8} {'variant':8} {'steps':>6} {'steps/s':>8} {'us/step':>8} {'cores':>6} "
           f"{'rows/s/eng':>10} {'rss/eng MiB':>11} mism gaps drop")
-    for v, label in ((v, label) for v in args.variants for label in srcs):
-        r = measure(args, v, work, label, srcs[label])
+    order = [(n, v, label) for n in range(args.rounds) for v in args.variants for label in srcs]
+    for n, v, label in order:
+        r = measure(args, v, work / f"round{n}" if args.rounds > 1 else work, label,
+                    srcs[label])
+        r["round"] = n
         summary["runs"].append(r)
         print(f"{label:8} {v:8} {r['steps']:6d} {r['engine_steps_per_s']:8.0f} "
               f"{r['us_per_engine_step']:8.0f} {r['cores']:6.3f} "
@@ -358,6 +421,9 @@ def main() -> None:
         if r["store_on"] and not r["store_rows_in_window"]:
             print(f"  no store insert landed in this {r['wall_s']:.0f} s window: the figure "
                   f"leaves the store's inserts out (run more --steps)")
+        if r["loki_lines_received"]:
+            print(f"  Loki push endpoint: {r['loki_lines_received']} lines received in the "
+                  f"window, {r['loki_lines_received'] / r['wall_s']:.0f} a second")
         print("  RSS MiB over the window (s: MiB; idle {:.1f}):".format(
             r["rss_idle_kib"] / 1024), " ".join(f"{s:.0f}:{m:.0f}"
                                                 for s, m in r["rss_mib_samples"]))
@@ -368,7 +434,32 @@ def main() -> None:
         if "py_spy" in r:
             print("  py-spy threads:", r["py_spy"]["threads"])
             print("  py-spy inclusive:", r["py_spy"]["inclusive"])
+    if args.rounds > 1:
+        summary["rounds"] = spread(summary["runs"])
+        for key, s in summary["rounds"].items():
+            print(f"{key}: {s['n']} rounds, µs a step median {s['us_median']:.0f} "
+                  f"({s['us_min']:.0f}-{s['us_max']:.0f}), cores median {s['cores_median']:.3f}, "
+                  f"ingest µs a step {s['ingest_min']:.1f}-{s['ingest_max']:.1f}, "
+                  f"steps/s {s['steps_s_min']:.0f}-{s['steps_s_max']:.0f}")
     write_summary(summary, out)
+
+
+def spread(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each sidecar and variant's median and range over the rounds."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        groups.setdefault(f"{r['sidecar']} {r['variant']}", []).append(r)
+    out = {}
+    for key, rs in groups.items():
+        us = [r["us_per_engine_step"] for r in rs]
+        ingest = [r["own_metric_us_per_step"].get("ingest", 0.0) for r in rs]
+        rate = [r["engine_steps_per_s"] for r in rs]
+        out[key] = {"n": len(rs), "us_median": statistics.median(us), "us_min": min(us),
+                    "us_max": max(us),
+                    "cores_median": statistics.median(r["cores"] for r in rs),
+                    "ingest_min": min(ingest), "ingest_max": max(ingest),
+                    "steps_s_min": min(rate), "steps_s_max": max(rate)}
+    return out
 
 
 if __name__ == "__main__":
