@@ -266,10 +266,14 @@ class _PushHandler(BaseHTTPRequestHandler):
         if self.path != PUSH_PATH:
             self.send_response(404)
         else:
-            streams = json.loads(body)["streams"]
-            self.server.lines += sum(len(st["values"]) for st in streams)
-            self.server.pushes += 1
-            self.send_response(204)
+            try:
+                lines = sum(len(st["values"]) for st in json.loads(body)["streams"])
+            except (ValueError, KeyError, TypeError):  # not a push: Loki answers 400
+                self.send_response(400)
+            else:
+                self.server.lines += lines
+                self.server.pushes += 1
+                self.send_response(204)
         self.send_header("Content-Length", "0")
         self.end_headers()
 
@@ -442,6 +446,9 @@ def main() -> None:
                   f"ingest µs a step {s['ingest_min']:.1f}-{s['ingest_max']:.1f}, "
                   f"steps/s {s['steps_s_min']:.0f}-{s['steps_s_max']:.0f}")
     write_summary(summary, out)
+    for endpoint in _loki:
+        endpoint.shutdown()
+        endpoint.server_close()
 
 
 def spread(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
