@@ -36,8 +36,8 @@ runs each variant with another checkout's sidecar too (its ``exporter/`` first o
 sidecar's ``PYTHONPATH``; the engines and the probe stay this checkout's), right after
 this one's: compare sidecars in one run, not across runs. ``--rounds N`` runs the whole
 sequence N times over and ends with each sidecar and variant's median and range: the same
-code read 88, 100 and 118 µs a step in three runs of one hour on this machine, so one run
-says little about a target within that spread.
+code read 88, 100 and 118 µs a step in three runs within half an hour on this machine, so
+one run says little about a target within that spread.
 """
 
 from __future__ import annotations
