@@ -210,11 +210,9 @@ def test_layout_rows_as_arrays_encode_as_the_lists_do() -> None:
     assert arrow.encode("layout_snapshots", lists) == arrow.encode("layout_snapshots", arrays)
 
 
-
 def served_history_bytes(tmp_path: Path, env: dict[str, str]) -> int:
     """The layout sampler's bound in a sidecar built as ``kvscope serve`` builds it from
-    ``env`` (only the figure leaves: a failed assertion keeps no sidecar, whose unstarted
-    receiver's sockets would hold the interpreter's exit)."""
+    ``env`` (built, never started)."""
     from kvscope.sidecar.config import from_sources
     from kvscope.sidecar.server import Sidecar
 
