@@ -69,6 +69,16 @@ def test_page_draws_the_timeline_and_marks_its_blocks(store_app: dict, page: Any
     for k in ("waiting", "preempted", "total"):
         cell = page.locator(f"tr.lost[data-k='{k}'] td").nth(2).inner_text()
         assert cell == f"{er['lost'][k]['steps']} steps"
+    # each figure said as what it is: the holders' block tables summed (shared prefix
+    # blocks in each), the evictable cached blocks dated by the layout sample they are from
+    for panel, p in zip(page.locator(".preemption").all(), er["preemptions"], strict=True):
+        text = " ".join(panel.inner_text().split())
+        h = p["holders"]
+        assert (f"held as the step began: {h['held_blocks']} blocks in {h['requests']} "
+                "requests' block tables") in text
+        assert (f"{p['cached_evictable_blocks']} evictable cached in the layout sample of step "
+                f"{p['layout']['step']}" if p["layout"] else
+                "no layout sample at or before it") in text
     # the first preemption with a sample: the marked pixels are exactly its blocks
     i, p = next((i, p) for i, p in enumerate(q for q in er["preemptions"] if q["layout"])
                 if p["layout"]["request_blocks"])

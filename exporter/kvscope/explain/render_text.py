@@ -101,10 +101,9 @@ def _preemption(i: int, p: dict[str, Any]) -> list[str]:
     trig = p["trigger"]
     out = [f"  preemption {i} at step {p['step']} ({clock(p['ts'])}): {p['reason']}, "
            f"policy {p['policy'] or '?'}",
-           f"    requester {p['requester'] or '-'} needed {p['blocks_needed']} blocks; free "
-           f"{p['free_blocks']} (evictable cached {p['cached_evictable_blocks']} in the last "
-           f"layout sample); it lost {p['victim_blocks']} blocks and {p['tokens_lost']} "
-           f"computed tokens",
+           f"    requester {p['requester'] or '-'} needed {_blocks(p['blocks_needed'])}; free "
+           f"{p['free_blocks']}, evictable cached ones included ({_cached(p)}); it lost "
+           f"{_blocks(p['victim_blocks'])} and {p['tokens_lost']} computed tokens",
            "    trigger: " + ("itself: it needed a block and was the one vLLM's policy picks"
                               if p["requester_is_victim"] else
                               f"{trig['event']} in that step, +{trig['blocks']} blocks" if trig
@@ -113,10 +112,27 @@ def _preemption(i: int, p: dict[str, Any]) -> list[str]:
     return out + _holders(p["holders"])
 
 
+def _blocks(n: int) -> str:
+    return f"{n} block{'s' * (n != 1)}"
+
+
+def _cached(p: dict[str, Any]) -> str:
+    """The evictable cached blocks, dated: they come from a layout sample (one a second),
+    not from the preemption's step; vLLM counts them among the free blocks."""
+    if p["layout"] is None or p["cached_evictable_blocks"] < 0:
+        return "no layout sample at or before it to count them"
+    return (f"{p['cached_evictable_blocks']} cached in the layout sample of step "
+            f"{p['layout']['step']}")
+
+
 def _holders(h: dict[str, Any] | None) -> list[str]:
+    """The requests' block tables summed: a block shared through the prefix cache is in
+    several tables, so the sum can pass the pool's size (``holders.top_holders``)."""
     if not h:
         return []
-    out = [f"    pool held: {h['held_blocks']} blocks by {h['requests']} requests; top:"]
+    out = [f"    held as the step began: {_blocks(h['held_blocks'])} in {h['requests']} "
+           "requests' block tables (a block shared through the prefix cache counts in each "
+           "table); top:"]
     for label, key in (("request", "by_request"), ("client", "by_client"),
                        ("user agent", "by_user_agent")):
         out.append(f"      by {label}: " + ", ".join(f"{x['key']} {x['blocks']}"
