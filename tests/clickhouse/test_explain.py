@@ -15,7 +15,15 @@ import pytest
 from kvscope import cli
 from kvscope.explain import answer, render_json, render_text
 from kvscope.explain.story import facts
-from kvscope.rows import ClientRequest, RequestEvent, RequestTrace, as_tuple, columns, unrolled
+from kvscope.rows import (
+    ClientRequest,
+    EngineConfig,
+    RequestEvent,
+    RequestTrace,
+    as_tuple,
+    columns,
+    unrolled,
+)
 from tests.clickhouse.test_queries import Run, run  # noqa: F401 (the fixture)
 
 pytestmark = [pytest.mark.clickhouse, pytest.mark.twin]
@@ -126,6 +134,21 @@ def test_holders_at_each_preemption_are_the_pool_as_the_step_began(run: Run) -> 
     if w is not None:
         assert w["holders"]["held_blocks"] == sum(
             v for k, v in held_by_replay(run, w["step"]).items() if k != t.request_id)
+
+
+def test_a_waiting_request_is_measured_against_the_engines_usable_blocks(run: Run) -> None:  # noqa: F811
+    (cfg,) = [r for r in run.rows if isinstance(r, EngineConfig)]  # one probe session
+    assert cfg.kv_group_kinds == ["FullAttentionSpec"]
+    waited = sorted((t for t in run.traces if t.queue_seconds > 0),
+                    key=lambda t: (-t.queue_seconds, t.request_id))[:5]
+    assert waited
+    for t in waited:
+        (r,) = answer.explain(run.client, t.request_id)["engine_requests"]
+        fit = r["waiting"]["could_fit"]
+        # the pool as its probe reported it, less the null block; one full-attention group
+        assert (fit["pool_blocks"], fit["usable_blocks"]) == (cfg.num_blocks, cfg.num_blocks - 1)
+        assert fit["full_attention_blocks"] == fit["required_blocks"] == t.required_blocks
+        assert fit["fits"] is (t.required_blocks <= cfg.num_blocks - 1)
 
 
 def test_worst_ranks_by_time_lost_waiting_and_preempted(run: Run) -> None:  # noqa: F811

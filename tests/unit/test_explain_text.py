@@ -11,7 +11,7 @@ from typing import Any
 
 import jsonschema
 
-from kvscope.explain import render_json, render_text
+from kvscope.explain import holders, render_json, render_text
 
 SCHEMA = render_json.schema()
 
@@ -21,7 +21,7 @@ def valid(body: Any, definition: str) -> Any:
     return body
 
 
-def holders(held: int = 79, requests: int = 6) -> dict[str, Any]:
+def holders_dict(held: int = 79, requests: int = 6) -> dict[str, Any]:
     ranked = [{"key": "cmpl-a", "blocks": 26}, {"key": "cmpl-b", "blocks": 24}]
     return valid({"held_blocks": held, "requests": requests, "by_request": ranked,
                   "by_client": [{"key": "rag-service", "blocks": 71}],
@@ -38,14 +38,15 @@ def preemption(cached: int, layout_step: int | None, needed: int = 1) -> dict[st
                   "requester_is_victim": False,
                   "trigger": {"event": "allocated", "step": 3581, "blocks": 1,
                               "total_blocks": 2},
-                  "resumed": {"ts": 3.0, "step": 3597}, "holders": holders(), "layout": layout},
+                  "resumed": {"ts": 3.0, "step": 3597}, "holders": holders_dict(),
+                  "layout": layout},
                  "preemption")
 
 
 def test_the_blocks_held_are_said_to_be_table_entries_a_shared_block_counted_in_each() -> None:
     # 79 entries in a 64-block pool: prompts shared through the prefix cache (the demo's
     # retries). "pool held: 79 blocks" read as more blocks than the pool has.
-    (line, *tops) = render_text._holders(holders(79, 6))
+    (line, *tops) = render_text._holders(holders_dict(79, 6))
     assert line == ("    held as the step began: 79 blocks in 6 requests' block tables "
                     "(a block shared through the prefix cache counts in each table); top:")
     assert tops == ["      by request: cmpl-a 26, cmpl-b 24", "      by client: rag-service 71",
@@ -54,6 +55,7 @@ def test_the_blocks_held_are_said_to_be_table_entries_a_shared_block_counted_in_
 
 def test_the_evictable_cached_blocks_are_dated_by_their_layout_sample() -> None:
     lines = render_text._preemption(1, preemption(16, 3184))
+    assert lines[2] == "    trigger: allocated in that step, +1 block"
     assert lines[1] == ("    requester cmpl-c needed 1 block; free 0, evictable cached ones "
                         "included (16 cached in the layout sample of step 3184); it lost "
                         "2 blocks and 38 computed tokens")
@@ -65,3 +67,67 @@ def test_no_layout_sample_is_said_so_not_printed_as_minus_one() -> None:
                         "included (no layout sample at or before it to count them); it "
                         "lost 2 blocks and 38 computed tokens")
     assert "-1" not in "\n".join(lines)
+
+
+# -- whether a waiting request could ever fit the pool ------------------------------------
+FULL = {"kv_group_kinds": ["FullAttentionSpec"], "kv_group_block_sizes": [16], "num_blocks": 64}
+HYBRID = {"kv_group_kinds": ["SlidingWindowSpec", "FullAttentionSpec"],
+          "kv_group_block_sizes": [16, 16], "num_blocks": 64}
+
+
+def trace(tokens: int, config: dict[str, Any]) -> dict[str, Any]:
+    """A trace's lengths and its ``required_blocks`` as the tracker writes it (every group)."""
+    return {"prompt_len": tokens - 10, "output_len": 10,
+            "required_blocks": sum(-(-tokens // bs) for bs in config["kv_group_block_sizes"])}
+
+
+def test_a_request_fits_the_usable_blocks_not_the_null_block() -> None:
+    # 64 blocks hold 63 usable (block 0 is vLLM's null block): 64 x 16 tokens never fit
+    fit = valid(holders.could_fit(trace(64 * 16, FULL), FULL, [], "r", -1), "could_fit")
+    assert fit == {"never_fits_decisions": 0, "required_blocks": 64,
+                   "full_attention_blocks": 64, "pool_blocks": 64, "usable_blocks": 63,
+                   "fits": False}
+    assert holders.could_fit(trace(63 * 16, FULL), FULL, [], "r", -1)["fits"] is True
+
+
+def test_a_hybrid_request_is_bounded_by_its_full_attention_blocks() -> None:
+    # 40 blocks of sliding window and 40 of full attention: the sum (80) passes the 63
+    # usable blocks, but the window's group holds only its window's blocks
+    fit = holders.could_fit(trace(40 * 16, HYBRID), HYBRID, [], "r", -1)
+    assert (fit["required_blocks"], fit["full_attention_blocks"], fit["fits"]) == (80, 40, True)
+    named = [{"request_id": "r"}]  # the sidecar's never_fits decision is what it says
+    assert holders.could_fit(trace(40 * 16, HYBRID), HYBRID, named, "r", -1)["fits"] is False
+
+
+def test_without_the_engine_settings_nothing_is_claimed_beyond_what_is_known() -> None:
+    # no engine_configs row: no group kinds, so no bound; the layout sample's pool size
+    fit = holders.could_fit(trace(200 * 16, FULL), None, [], "r", 64)
+    assert fit == {"never_fits_decisions": 0, "required_blocks": 200,
+                   "full_attention_blocks": -1, "pool_blocks": 64, "usable_blocks": 63,
+                   "fits": True}
+    fit = holders.could_fit(None, None, [], "r", -1)
+    assert (fit["required_blocks"], fit["pool_blocks"], fit["usable_blocks"]) == (-1, -1, -1)
+
+
+def waiting(fit: dict[str, Any]) -> dict[str, Any]:
+    return {"step": 1910, "admission_blocked": 0, "holders": holders_dict(5, 1),
+            "could_fit": fit}
+
+
+def test_the_waiting_line_says_which_blocks_were_compared() -> None:
+    text = render_text._waiting(waiting(holders.could_fit(trace(5 * 16, FULL), FULL, [], "r",
+                                                          -1)))
+    assert text[0] == ("  while it waited (step 1910): 0 admission_blocked decisions name it; "
+                       "it could fit the pool (5 blocks at its full length, of 63 usable)")
+    text = render_text._waiting(waiting(holders.could_fit(trace(40 * 16, HYBRID), HYBRID, [],
+                                                          "r", -1)))
+    assert text[0].endswith("it could fit the pool (40 blocks of its full-attention groups "
+                            "at its full length, of 63 usable; 80 in all groups, where "
+                            "sliding-window and Mamba groups hold fewer)")
+    text = render_text._waiting(waiting(holders.could_fit(trace(64 * 16, FULL), FULL, [], "r",
+                                                          -1)))
+    assert text[0].endswith("it could NEVER fit the pool (64 blocks at its full length, of "
+                            "63 usable)")
+    text = render_text._waiting(waiting(holders.could_fit(None, None, [], "r", -1)))
+    assert text[0].endswith("it could fit the pool as far as is known (no engine settings "
+                            "or layout sample stored to compare with)")

@@ -118,13 +118,13 @@ def _waiting(client: Any, story: Story, trace: dict | None,
     held = holders.blocks_held(source.live_events(client, story.engine, story.server, step))
     held.pop(story.request_id, None)
     snap = source.layout_at(client, story.engine, story.server, step)
-    required = trace["required_blocks"] if trace else -1
+    config = source.engine_config(client, story.engine, story.server, story.queued["ts"])
     return {"step": step,
             "admission_blocked": sum(1 for d in decided if d["decision"] == "admission_blocked"
                                      and d["request_id"] == story.request_id),
             "holders": holders.top_holders(held, source.traces(client, list(held))),
             "could_fit": holders.could_fit(
-                required, [d for d in decided if d["decision"] == "never_fits"],
+                trace, config, [d for d in decided if d["decision"] == "never_fits"],
                 story.request_id, snap["num_blocks"] if snap else -1)}
 
 

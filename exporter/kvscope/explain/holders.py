@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from kvscope.state.capacity import FULL_ATTENTION_KINDS
+
 HOLDING = ("admitted", "resumed", "allocated")
 TOP = 5
 
@@ -53,11 +55,27 @@ def trigger_event(step_events: list[dict], requester: str) -> dict | None:
                  and e["event"] in HOLDING), None)
 
 
-def could_fit(required_blocks: int, never_fits: list[dict], rid: str,
-              num_blocks: int) -> dict[str, Any]:
-    """Whether the request could ever fit the pool: no never_fits decision names it and
-    its blocks (prompt + output, all groups) are within the pool (-1 when unknown)."""
+def could_fit(trace: dict | None, config: dict | None, never_fits: list[dict], rid: str,
+              layout_blocks: int) -> dict[str, Any]:
+    """Whether the request could ever fit the pool, claimed only as far as it is known.
+
+    The pool is the engine's settings' (``engine_configs``), else the layout sample's
+    (``layout_blocks``, -1 none); its usable blocks leave out the null block. The request's
+    need is bounded below by its full-attention groups' blocks at its full length (prompt
+    and output, from its trace): they keep a block per ``block_size`` tokens of the whole
+    sequence, where sliding-window and Mamba groups hold fewer (``kvscope.state.capacity``,
+    the sidecar's own never-fits rule). It could not fit when the sidecar's ``never_fits``
+    decision names it, or when that bound passes the usable blocks."""
     named = [d for d in never_fits if d["request_id"] == rid]
-    return {"never_fits_decisions": len(named), "required_blocks": required_blocks,
-            "pool_blocks": num_blocks,
-            "fits": not named and (num_blocks < 0 or required_blocks <= num_blocks)}
+    pool = config["num_blocks"] if config else layout_blocks
+    usable = pool - 1 if pool > 0 else -1
+    full = -1
+    if trace is not None and config is not None:
+        tokens = trace["prompt_len"] + trace["output_len"]
+        full = sum(-(-tokens // bs) for kind, bs in zip(
+            config["kv_group_kinds"], config["kv_group_block_sizes"], strict=False)
+            if kind in FULL_ATTENTION_KINDS)
+    return {"never_fits_decisions": len(named),
+            "required_blocks": trace["required_blocks"] if trace else -1,
+            "full_attention_blocks": full, "pool_blocks": pool, "usable_blocks": usable,
+            "fits": not named and (full < 0 or usable < 0 or full <= usable)}

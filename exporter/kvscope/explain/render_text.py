@@ -44,15 +44,8 @@ def engine_request(r: dict[str, Any]) -> list[str]:
                    + _event_facts(e))
     for i, p in enumerate(r["preemptions"], 1):
         out += _preemption(i, p)
-    w = r["waiting"]
-    if w:
-        fit = w["could_fit"]
-        out.append(f"  while it waited (step {w['step']}): {w['admission_blocked']} "
-                   f"admission_blocked decisions name it; it "
-                   + ("could fit the pool" if fit["fits"] else "could NEVER fit the pool")
-                   + (f" ({fit['required_blocks']} blocks of {fit['pool_blocks']})"
-                      if fit["pool_blocks"] >= 0 else " (pool size unknown: no layout sample)"))
-        out += _holders(w["holders"])
+    if r["waiting"]:
+        out += _waiting(r["waiting"])
     if not r["preemptions"]:
         out.append("  never preempted")
     if "counterfactual" in r:
@@ -106,10 +99,34 @@ def _preemption(i: int, p: dict[str, Any]) -> list[str]:
            f"{_blocks(p['victim_blocks'])} and {p['tokens_lost']} computed tokens",
            "    trigger: " + ("itself: it needed a block and was the one vLLM's policy picks"
                               if p["requester_is_victim"] else
-                              f"{trig['event']} in that step, +{trig['blocks']} blocks" if trig
+                              f"{trig['event']} in that step, +{_blocks(trig['blocks'])}" if trig
                               else "no admission or growth of the requester recorded there"),
            "    resumed: " + (f"step {p['resumed']['step']}" if p["resumed"] else "never")]
     return out + _holders(p["holders"])
+
+
+def _waiting(w: dict[str, Any]) -> list[str]:
+    """While it waited: the decisions naming it, whether it could ever fit the pool (what
+    was compared), the pool's holders."""
+    fit = w["could_fit"]
+    full, usable, required = (fit["full_attention_blocks"], fit["usable_blocks"],
+                              fit["required_blocks"])
+    if full >= 0 and usable >= 0:
+        compared = (f"{full} blocks at its full length" if full == required else
+                    f"{full} blocks of its full-attention groups at its full length")
+        compared += f", of {usable} usable"
+        if full != required:
+            compared += (f"; {required} in all groups, where sliding-window and Mamba groups "
+                         "hold fewer")
+    elif fit["never_fits_decisions"]:
+        compared = "the sidecar's never_fits decision names it"
+    else:
+        compared = "as far as is known (no engine settings or layout sample stored to compare with)"
+    verdict = "could fit the pool" if fit["fits"] else "could NEVER fit the pool"
+    line = (f"  while it waited (step {w['step']}): {w['admission_blocked']} admission_blocked "
+            f"decisions name it; it {verdict} ")
+    line += compared if compared.startswith("as far") else f"({compared})"
+    return [line, *_holders(w["holders"])]
 
 
 def _blocks(n: int) -> str:
