@@ -70,6 +70,34 @@ def test_server_rate_makes_a_window_bad() -> None:
     assert b.state == "open"
 
 
+def test_the_server_rate_is_said_as_preemptions_per_ended_request() -> None:
+    # /health/preempt-rate's rate is preemptions per request ended in its window: it can
+    # pass 1, and as a percentage ("118.8%") it read as a share gone wrong
+    b, clock, events = breaker()
+    for k in range(3):
+        clock.now = 60.0 * k
+        b.record(b.acquire(), "ok", server_rate=1.188)
+    clock.now = 180.0
+    assert b.state == "open"
+    (t,) = [e for e in events if isinstance(e, Transition)]
+    assert t.reason == ("preemption/overload rate above 10% for 3 consecutive 60 s windows "
+                        "(last: the server's 1.19 preemptions per ended request; its own "
+                        "calls 0.0% preempted or overloaded)")
+    clock.advance(1.0)
+    b.record(b.acquire(), "ok", server_rate=1.188)
+    t = [e for e in events if isinstance(e, Transition)][-1]
+    assert (t.new, t.reason) == ("open", "the server still reports 1.19 preemptions per "
+                                         "ended request (above 0.10)")
+
+
+def test_the_own_share_is_said_alone_without_a_server_rate() -> None:
+    b, clock, events = breaker()
+    open_it(b, clock)
+    (t,) = [e for e in events if isinstance(e, Transition)]
+    assert t.reason == ("preemption/overload rate above 10% for 3 consecutive 60 s windows "
+                        "(last: its own calls 20.0% preempted or overloaded)")
+
+
 def test_half_open_admits_n_probes_and_closes_only_when_all_succeed() -> None:
     b, clock, _ = breaker(half_open_probes=2)
     open_it(b, clock)

@@ -156,8 +156,8 @@ class CircuitBreaker:
         if outcome in BAD:
             self._open(now, f"the half-open probe came back {outcome}", grow=True)
         elif server_rate is not None and server_rate > thr:
-            self._open(now, f"the server still reports a preemption rate of {server_rate:.1%} "
-                            f"(above {thr:.0%})", grow=True)
+            self._open(now, f"the server still reports {_per_request(server_rate)} "
+                            f"(above {thr:.2f})", grow=True)
         else:
             self._successes += 1
             if self._successes >= self._cfg.half_open_probes:
@@ -193,10 +193,12 @@ class CircuitBreaker:
         self._streak = self._streak + 1 if is_bad else 0
         self._start_window(end)
         if self._streak >= cfg.open_after_windows:
-            worst = max(own or 0.0, server or 0.0)
+            last = [f"the server's {_per_request(server)}"] if server is not None else []
+            if own is not None:
+                last.append(f"its own calls {own:.1%} preempted or overloaded")
             self._open(now, f"preemption/overload rate above {cfg.open_threshold:.0%} for "
                             f"{self._streak} consecutive {cfg.window_s:g} s windows "
-                            f"(last {worst:.1%})", grow=False)
+                            f"(last: {'; '.join(last)})", grow=False)
 
     def _open(self, now: float, reason: str, grow: bool) -> None:
         if grow:
@@ -221,3 +223,9 @@ class CircuitBreaker:
     def _emit(self, event: WindowVerdict | Transition) -> None:
         if self._observer is not None:
             self._observer(event)
+
+
+def _per_request(rate: float) -> str:
+    """The server's rate as what it is: preemptions per request ended in its window (it
+    can pass 1), not a share of requests."""
+    return f"{rate:.2f} preemptions per ended request"
