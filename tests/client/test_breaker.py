@@ -61,12 +61,17 @@ def test_windows_with_too_few_outcomes_are_not_bad() -> None:
     assert b.state == "closed"
 
 
-def test_server_rate_makes_a_window_bad() -> None:
-    b, clock, _ = breaker()
+def server_windows(b: CircuitBreaker, clock: FakeClock, rate: float) -> None:
+    """Three 60 s windows of one good call each, the server reporting ``rate``."""
     for k in range(3):
         clock.now = 60.0 * k
-        b.record(b.acquire(), "ok", server_rate=0.11)
+        b.record(b.acquire(), "ok", server_rate=rate)
     clock.now = 180.0
+
+
+def test_server_rate_makes_a_window_bad() -> None:
+    b, clock, _ = breaker()
+    server_windows(b, clock, 0.11)
     assert b.state == "open"
 
 
@@ -74,10 +79,7 @@ def test_the_server_rate_is_said_as_preemptions_per_ended_request() -> None:
     # /health/preempt-rate's rate is preemptions per request ended in its window: it can
     # pass 1, and as a percentage ("118.8%") it read as a share gone wrong
     b, clock, events = breaker()
-    for k in range(3):
-        clock.now = 60.0 * k
-        b.record(b.acquire(), "ok", server_rate=1.188)
-    clock.now = 180.0
+    server_windows(b, clock, 1.188)
     assert b.state == "open"
     (t,) = [e for e in events if isinstance(e, Transition)]
     assert t.reason == ("preemption/overload rate above 10% for 3 consecutive 60 s windows "
