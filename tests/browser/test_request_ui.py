@@ -69,6 +69,18 @@ def test_page_draws_the_timeline_and_marks_its_blocks(store_app: dict, page: Any
     for k in ("waiting", "preempted", "total"):
         cell = page.locator(f"tr.lost[data-k='{k}'] td").nth(2).inner_text()
         assert cell == f"{er['lost'][k]['steps']} steps"
+    # while it waited: what the text answer says, whether it could fit and against what
+    w = er["waiting"]
+    assert w is not None and w["could_fit"]["fits"]
+    fit = w["could_fit"]
+    waited = " ".join(page.locator(".waited").inner_text().split())
+    decisions = ("1 admission_blocked decision names" if w["admission_blocked"] == 1 else
+                 f"{w['admission_blocked']} admission_blocked decisions name")
+    assert waited.startswith(f"while it waited (step {w['step']}): {decisions} "
+                             "it; it could fit the pool "
+                             f"({fit['required_blocks']} blocks at its full length, of "
+                             f"{fit['usable_blocks']} usable) held as the step began: "
+                             f"{w['holders']['held_blocks']} blocks")
     # each figure said as what it is: the holders' block tables summed (shared prefix
     # blocks in each), the evictable cached blocks dated by the layout sample they are from
     for panel, p in zip(page.locator(".preemption").all(), er["preemptions"], strict=True):

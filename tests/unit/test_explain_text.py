@@ -128,6 +128,9 @@ def test_the_waiting_line_says_which_blocks_were_compared() -> None:
                                                           -1)))
     assert text[0].endswith("it could NEVER fit the pool (64 blocks at its full length, of "
                             "63 usable)")
+    one = {**waiting(holders.could_fit(None, None, [], "r", -1)), "admission_blocked": 1}
+    assert render_text._waiting(one)[0].startswith(
+        "  while it waited (step 1910): 1 admission_blocked decision names it; ")
     text = render_text._waiting(waiting(holders.could_fit(None, None, [], "r", -1)))
     assert text[0].endswith("it could fit the pool as far as is known (no engine settings "
                             "or layout sample stored to compare with)")

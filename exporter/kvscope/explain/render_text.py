@@ -123,8 +123,9 @@ def _waiting(w: dict[str, Any]) -> list[str]:
     else:
         compared = "as far as is known (no engine settings or layout sample stored to compare with)"
     verdict = "could fit the pool" if fit["fits"] else "could NEVER fit the pool"
-    line = (f"  while it waited (step {w['step']}): {w['admission_blocked']} admission_blocked "
-            f"decisions name it; it {verdict} ")
+    n = w["admission_blocked"]
+    named = f"{n} admission_blocked decision{'s name' if n != 1 else ' names'} it"
+    line = f"  while it waited (step {w['step']}): {named}; it {verdict} "
     line += compared if compared.startswith("as far") else f"({compared})"
     return [line, *_holders(w["holders"])]
 
