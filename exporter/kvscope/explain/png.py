@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvscope.explain.render_text import plural
 from kvscope.layout import palette
 
 WIDTH, LEFT = 1200, 20
@@ -67,8 +68,9 @@ def _engine_request(d: Any, r: dict[str, Any], y: int) -> int:
 def _preemption(d: Any, i: int, p: dict[str, Any], y: int) -> int:
     trig = "itself" if p["requester_is_victim"] else (p["requester"] or "-")
     d.text((LEFT, y), f"preemption {i} at step {p['step']}: {p['reason']}, needed "
-                      f"{p['blocks_needed']} blocks, free {p['free_blocks']}, lost "
-                      f"{p['victim_blocks']} blocks; trigger {trig}", fill=palette.TEXT)
+                      f"{plural(p['blocks_needed'], 'block')}, free {p['free_blocks']}, lost "
+                      f"{plural(p['victim_blocks'], 'block')}; trigger {trig}",
+           fill=palette.TEXT)
     h = p["holders"] or {"by_request": []}
     d.text((LEFT, y + LINE_H), "top holders: " + ", ".join(
         f"{x['key']} {x['blocks']}" for x in h["by_request"]), fill=palette.MUTED)

@@ -124,14 +124,18 @@ def _waiting(w: dict[str, Any]) -> list[str]:
         compared = "as far as is known (no engine settings or layout sample stored to compare with)"
     verdict = "could fit the pool" if fit["fits"] else "could NEVER fit the pool"
     n = w["admission_blocked"]
-    named = f"{n} admission_blocked decision{'s name' if n != 1 else ' names'} it"
+    named = f"{plural(n, 'admission_blocked decision')} name{'s' * (n == 1)} it"
     line = f"  while it waited (step {w['step']}): {named}; it {verdict} "
     line += compared if compared.startswith("as far") else f"({compared})"
     return [line, *_holders(w["holders"])]
 
 
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' * (n != 1)}"
+
+
 def _blocks(n: int) -> str:
-    return f"{n} block{'s' * (n != 1)}"
+    return plural(n, "block")
 
 
 def _cached(p: dict[str, Any]) -> str:
