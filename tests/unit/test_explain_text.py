@@ -132,5 +132,10 @@ def test_the_waiting_line_says_which_blocks_were_compared() -> None:
     assert render_text._waiting(one)[0].startswith(
         "  while it waited (step 1910): 1 admission_blocked decision names it; ")
     text = render_text._waiting(waiting(holders.could_fit(None, None, [], "r", -1)))
+    assert text[0].endswith("it could fit the pool as far as is known (no trace of it to "
+                            "size it; no pool size stored)")
+    # a layout sample's pool, no engine settings: the kinds of its groups are unknown
+    text = render_text._waiting(waiting(holders.could_fit(trace(5 * 16, FULL), None, [], "r",
+                                                          64)))
     assert text[0].endswith("it could fit the pool as far as is known (no engine settings "
-                            "or layout sample stored to compare with)")
+                            "stored to tell its full-attention groups)")

@@ -121,13 +121,25 @@ def _waiting(w: dict[str, Any]) -> list[str]:
     elif fit["never_fits_decisions"]:
         compared = "the sidecar's never_fits decision names it"
     else:
-        compared = "as far as is known (no engine settings or layout sample stored to compare with)"
+        compared = f"as far as is known ({_unknown(fit)})"
     verdict = "could fit the pool" if fit["fits"] else "could NEVER fit the pool"
     n = w["admission_blocked"]
     named = f"{plural(n, 'admission_blocked decision')} name{'s' * (n == 1)} it"
     line = f"  while it waited (step {w['step']}): {named}; it {verdict} "
     line += compared if compared.startswith("as far") else f"({compared})"
     return [line, *_holders(w["holders"])]
+
+
+def _unknown(fit: dict[str, Any]) -> str:
+    """What the store lacks to size a waiting request against its pool."""
+    missing = []
+    if fit["required_blocks"] < 0:
+        missing.append("no trace of it to size it")
+    elif fit["full_attention_blocks"] < 0:
+        missing.append("no engine settings stored to tell its full-attention groups")
+    if fit["usable_blocks"] < 0:
+        missing.append("no pool size stored")
+    return "; ".join(missing)
 
 
 def plural(n: int, word: str) -> str:
