@@ -1,8 +1,10 @@
 """``kvscope explain``'s text: what each figure is, said so that it cannot be misread.
 
 The answers are built as ``kvscope.explain.answer`` builds them (the JSON schema's
-``preemption`` and ``holders``), with figures a prefix-cached pool produces: requests that
-share their prompt's blocks, so their block tables sum to more than the pool holds."""
+``preemption``, ``holders`` and ``could_fit``), with figures a prefix-cached pool produces
+(requests that share their prompt's blocks, so their block tables sum to more than the pool
+holds) and a waiting request sized against the pool's usable blocks, hybrid layouts
+included."""
 
 from __future__ import annotations
 
