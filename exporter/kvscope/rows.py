@@ -153,6 +153,9 @@ class SchedulerDecision:
     """preempt, admission_blocked, resume, finish, abort."""
     request_id: str
     reason: str
+    """preempt: kv_full, priority or unknown; admission_blocked: the limit vLLM's waiting
+    loop met first (``rollups.admission_limit``): preempted, max_num_seqs, token_budget or
+    kv_blocks; "" for the others."""
     blocks_needed: int
     free_blocks: int
     max_contiguous_free: int

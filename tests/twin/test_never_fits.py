@@ -58,6 +58,30 @@ def test_a_full_pool_is_admission_blocked_not_never_fits() -> None:
     assert heads and not any(nf for _, _, nf in heads)
     blocked = [d for d in decisions if d.decision == "admission_blocked"]
     assert all(d.blocks_needed == 19 and d.blocks_needed > d.free_blocks for d in blocked)
+    # a seat and the budget were free, nothing preempted: vLLM asked the pool
+    assert {d.reason for d in blocked} == {"kv_blocks"}
+
+
+def test_at_max_num_seqs_the_head_is_held_by_the_seats_before_the_pool() -> None:
+    # the same pool and requests, two seats: vLLM's waiting loop breaks at max_num_seqs
+    # running before it calls allocate_slots, though the head needs more blocks than are free
+    requests = [req(f"r{i}", 600, 40, token=i + 1) for i in range(4)]
+    decisions, _ = run(TwinConfig(num_blocks=48, max_num_seqs=2), requests)
+    blocked = [d for d in decisions if d.decision == "admission_blocked"]
+    assert blocked and all(d.blocks_needed > d.free_blocks for d in blocked)
+    assert {d.reason for d in blocked} == {"max_num_seqs"}
+
+
+def test_with_the_budget_spent_the_head_is_held_by_the_budget_before_the_pool() -> None:
+    # a 1,400-token prompt prefilled 32 tokens a step takes the whole budget of every step
+    # while its blocks fill the pool: the waiting loop (while token_budget > 0) never runs
+    cfg = TwinConfig(num_blocks=64, max_num_seqs=4, max_num_batched_tokens=32,
+                     max_model_len=1600)
+    requests = [req("long", 1400, 8, token=1), req("next", 900, 8, step=1, token=2)]
+    decisions, _ = run(cfg, requests)
+    blocked = [d for d in decisions if d.decision == "admission_blocked"]
+    assert blocked and all(d.blocks_needed > d.free_blocks for d in blocked)
+    assert {d.reason for d in blocked} == {"token_budget"}
 
 
 def test_a_hybrid_head_over_the_summed_bound_still_fits_and_is_not_never_fits() -> None:

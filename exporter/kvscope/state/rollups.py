@@ -38,6 +38,22 @@ class Second:
 
 
 
+def admission_limit(st: EngineState, s: wire.Step) -> str:
+    """What stopped vLLM's waiting loop first in a step that admitted nothing, in the order
+    it checks (vLLM 0.32 ``Scheduler.schedule``): ``preempted`` (a step that preempted
+    admits nothing), ``max_num_seqs`` (as many running as ``--max-num-seqs``),
+    ``token_budget`` (the running requests took the step's whole budget), else
+    ``kv_blocks``: it asked the pool for the head. Only called while the head needs more
+    blocks than are free, so the pool lacks them whichever limit came first."""
+    if s.preemptions or s.preempted:
+        return "preempted"
+    if s.running >= st.hello.max_num_seqs:
+        return "max_num_seqs"
+    if s.scheduled_tokens >= s.token_budget:
+        return "token_budget"
+    return "kv_blocks"
+
+
 class Rollups:
     """Per engine key: the open second, and the admission state of its waiting head."""
 
@@ -72,6 +88,7 @@ class Rollups:
                     f"Admission blocked: request {s.head_req_id} at the head of the "
                     f"waiting queue needs {s.head_blocks_needed} blocks, "
                     f"free_blocks={led.free} waiting={s.waiting}",
+                    reason=admission_limit(st, s),
                     blocks_needed=s.head_blocks_needed, free_blocks=led.free)
 
     def _never_fits(self, st: EngineState, s: wire.Step) -> bool:
