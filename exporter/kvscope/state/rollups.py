@@ -43,8 +43,10 @@ def admission_limit(st: EngineState, s: wire.Step) -> str:
     it checks (vLLM 0.32 ``Scheduler.schedule``): ``preempted`` (a step that preempted
     admits nothing), ``max_num_seqs`` (as many running as ``--max-num-seqs``),
     ``token_budget`` (the running requests took the step's whole budget), else
-    ``kv_blocks``: it asked the pool for the head. Only called while the head needs more
-    blocks than are free, so the pool lacks them whichever limit came first."""
+    ``kv_blocks``: none of these held, and the pool lacks the blocks the head needs. Only
+    called while the head needs more blocks than are free, so the pool lacks them whichever
+    limit came first. Limits the step does not carry are not told apart from the pool's
+    (``--max-num-active-seqs`` below ``--max-num-seqs``, LoRA slots)."""
     if s.preemptions or s.preempted:
         return "preempted"
     if s.running >= st.hello.max_num_seqs:
