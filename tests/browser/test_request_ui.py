@@ -74,10 +74,12 @@ def test_page_draws_the_timeline_and_marks_its_blocks(store_app: dict, page: Any
     assert w is not None and w["could_fit"]["fits"]
     fit = w["could_fit"]
     waited = " ".join(page.locator(".waited").inner_text().split())
-    decisions = ("1 admission_blocked decision names" if w["admission_blocked"] == 1 else
-                 f"{w['admission_blocked']} admission_blocked decisions name")
-    assert waited.startswith(f"while it waited (step {w['step']}): {decisions} "
-                             "it; it could fit the pool "
+    decisions = ("1 admission_blocked decision names it" if w["admission_blocked"] == 1 else
+                 f"{w['admission_blocked']} admission_blocked decisions name it")
+    why = ", ".join(f"{r} {k}" for r, k in sorted(w["admission_blocked_reasons"].items()))
+    assert w["admission_blocked"] > 0 and why  # this request waited behind blocked heads
+    assert waited.startswith(f"while it waited (step {w['step']}): {decisions} ({why}); "
+                             "it could fit the pool "
                              f"({fit['required_blocks']} blocks at its full length, of "
                              f"{fit['usable_blocks']} usable) held as the step began: "
                              f"{w['holders']['held_blocks']} blocks")

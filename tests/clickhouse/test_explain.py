@@ -5,7 +5,7 @@ the tracker emitted, computed again here from those rows."""
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from datetime import datetime, timezone
 from typing import Any
 
@@ -142,13 +142,21 @@ def test_a_waiting_request_is_measured_against_the_engines_usable_blocks(run: Ru
     waited = sorted((t for t in run.traces if t.queue_seconds > 0),
                     key=lambda t: (-t.queue_seconds, t.request_id))[:5]
     assert waited
+    seen = 0
     for t in waited:
         (r,) = answer.explain(run.client, t.request_id)["engine_requests"]
-        fit = r["waiting"]["could_fit"]
+        w = r["waiting"]
+        named = [d for d in run.decisions if d.decision == "admission_blocked"
+                 and d.request_id == t.request_id]  # the tracker's own rows, as emitted
+        assert w["admission_blocked"] == len(named)
+        assert w["admission_blocked_reasons"] == dict(Counter(d.reason for d in named))
+        seen += len(named)
+        fit = w["could_fit"]
         # the pool as its probe reported it, less the null block; one full-attention group
         assert (fit["pool_blocks"], fit["usable_blocks"]) == (cfg.num_blocks, cfg.num_blocks - 1)
         assert fit["full_attention_blocks"] == fit["required_blocks"] == t.required_blocks
         assert fit["fits"] is (t.required_blocks <= cfg.num_blocks - 1)
+    assert seen > 0  # the longest waits were behind blocked heads: reasons were compared
 
 
 def test_worst_ranks_by_time_lost_waiting_and_preempted(run: Run) -> None:  # noqa: F811

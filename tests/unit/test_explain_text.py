@@ -111,9 +111,19 @@ def test_without_the_engine_settings_nothing_is_claimed_beyond_what_is_known() -
     assert (fit["required_blocks"], fit["pool_blocks"], fit["usable_blocks"]) == (-1, -1, -1)
 
 
-def waiting(fit: dict[str, Any]) -> dict[str, Any]:
-    return {"step": 1910, "admission_blocked": 0, "holders": holders_dict(5, 1),
-            "could_fit": fit}
+def waiting(fit: dict[str, Any], reasons: dict[str, int] | None = None) -> dict[str, Any]:
+    reasons = reasons or {}
+    return valid({"step": 1910, "admission_blocked": sum(reasons.values()),
+                  "admission_blocked_reasons": reasons, "holders": holders_dict(5, 1),
+                  "could_fit": fit}, "waiting")
+
+
+def test_the_waiting_line_says_which_limit_held_it() -> None:
+    # what vLLM's waiting loop met first at each admission_blocked decision naming it
+    fit = holders.could_fit(trace(5 * 16, FULL), FULL, [], "r", -1)
+    line = render_text._waiting(waiting(fit, {"max_num_seqs": 3, "kv_blocks": 1}))[0]
+    assert line.startswith("  while it waited (step 1910): 4 admission_blocked decisions name "
+                           "it (kv_blocks 1, max_num_seqs 3); it could fit the pool ")
 
 
 def test_the_waiting_line_says_which_blocks_were_compared() -> None:
@@ -130,9 +140,10 @@ def test_the_waiting_line_says_which_blocks_were_compared() -> None:
                                                           -1)))
     assert text[0].endswith("it could NEVER fit the pool (64 blocks at its full length, of "
                             "63 usable)")
-    one = {**waiting(holders.could_fit(None, None, [], "r", -1)), "admission_blocked": 1}
+    one = waiting(holders.could_fit(None, None, [], "r", -1), {"token_budget": 1})
     assert render_text._waiting(one)[0].startswith(
-        "  while it waited (step 1910): 1 admission_blocked decision names it; ")
+        "  while it waited (step 1910): 1 admission_blocked decision names it (token_budget "
+        "1); ")
     text = render_text._waiting(waiting(holders.could_fit(None, None, [], "r", -1)))
     assert text[0].endswith("it could fit the pool as far as is known (no trace of it to "
                             "size it; no pool size stored)")

@@ -7,6 +7,7 @@ The ID may be vLLM's engine request ID or the caller's ``X-Request-Id`` (the mid
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from kvscope.explain import holders, source
@@ -119,9 +120,11 @@ def _waiting(client: Any, story: Story, trace: dict | None,
     held.pop(story.request_id, None)
     snap = source.layout_at(client, story.engine, story.server, step)
     config = source.engine_config(client, story.engine, story.server, story.queued["ts"])
+    blocked = Counter(d["reason"] for d in decided if d["decision"] == "admission_blocked"
+                      and d["request_id"] == story.request_id)
     return {"step": step,
-            "admission_blocked": sum(1 for d in decided if d["decision"] == "admission_blocked"
-                                     and d["request_id"] == story.request_id),
+            "admission_blocked": sum(blocked.values()),
+            "admission_blocked_reasons": dict(sorted(blocked.items())),
             "holders": holders.top_holders(held, source.traces(client, list(held))),
             "could_fit": holders.could_fit(
                 trace, config, [d for d in decided if d["decision"] == "never_fits"],

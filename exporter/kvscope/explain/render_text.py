@@ -125,6 +125,9 @@ def _waiting(w: dict[str, Any]) -> list[str]:
     verdict = "could fit the pool" if fit["fits"] else "could NEVER fit the pool"
     n = w["admission_blocked"]
     named = f"{plural(n, 'admission_blocked decision')} name{'s' * (n == 1)} it"
+    if w["admission_blocked_reasons"]:  # the limit vLLM's waiting loop met first, each time
+        named += " (" + ", ".join(f"{r or 'unnamed'} {k}" for r, k in
+                                  sorted(w["admission_blocked_reasons"].items())) + ")"
     line = f"  while it waited (step {w['step']}): {named}; it {verdict} "
     line += compared if compared.startswith("as far") else f"({compared})"
     return [line, *_holders(w["holders"])]
