@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from kvscope.state.capacity import FULL_ATTENTION_KINDS
+from kvscope.state.capacity import full_attention_blocks
 
 HOLDING = ("admitted", "resumed", "allocated")
 TOP = 5
@@ -71,10 +71,9 @@ def could_fit(trace: dict | None, config: dict | None, never_fits: list[dict], r
     usable = pool - 1 if pool > 0 else -1
     full = -1
     if trace is not None and config is not None:
-        tokens = trace["prompt_len"] + trace["output_len"]
-        full = sum(-(-tokens // bs) for kind, bs in zip(
-            config["kv_group_kinds"], config["kv_group_block_sizes"], strict=False)
-            if kind in FULL_ATTENTION_KINDS)
+        full = full_attention_blocks(
+            zip(config["kv_group_kinds"], config["kv_group_block_sizes"], strict=False),
+            trace["prompt_len"] + trace["output_len"])
     return {"never_fits_decisions": len(named),
             "required_blocks": trace["required_blocks"] if trace else -1,
             "full_attention_blocks": full, "pool_blocks": pool, "usable_blocks": usable,

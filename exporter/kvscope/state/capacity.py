@@ -20,6 +20,7 @@ group from vLLM's ``get_num_blocks_to_allocate``.)
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kvscope_probe import wire
@@ -47,13 +48,19 @@ def min_tokens(groups: list[wire.KVGroup], blocks: int) -> int:
     return lo
 
 
+def full_attention_blocks(groups: Iterable[tuple[str, int]], tokens: int) -> int:
+    """Blocks the full-attention groups among ``groups`` (kind, block size) hold for
+    ``tokens`` tokens: one per ``block_size`` of the whole sequence."""
+    return sum(wire.cdiv(tokens, bs) for kind, bs in groups if kind in FULL_ATTENTION_KINDS)
+
+
 def min_blocks(hello: wire.Hello, head_blocks_needed: int) -> int:
     """A lower bound on the pool blocks the head needs: its full-attention groups' share."""
     if head_blocks_needed <= 0:
         return 0
     groups = _groups(hello)
     n = min_tokens(groups, head_blocks_needed)
-    return sum(wire.cdiv(n, g.block_size) for g in groups if g.kind in FULL_ATTENTION_KINDS)
+    return full_attention_blocks(((g.kind, g.block_size) for g in groups), n)
 
 
 @dataclass(frozen=True)
