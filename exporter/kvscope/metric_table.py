@@ -106,17 +106,20 @@ SIDECAR_METRICS: tuple[Declared, ...] = (
     Declared("vllm_scheduler_free_block_runs", GAUGE, (*ENGINE, "le"),
              "Runs of consecutive free block IDs no longer than le blocks (cumulative)."),
     Declared("vllm_scheduler_tail_waste_tokens", GAUGE, ENGINE,
-             "Token slots reserved but unfilled in the blocks of running requests."),
+             "Token slots reserved but unfilled in the blocks of running requests (a Mamba "
+             "group's blocks hold one recurrent state each, no token slots: none counted)."),
     Declared("vllm_scheduler_kv_group_tail_waste_tokens", GAUGE, (*ENGINE, "kv_group", "kind"),
              "Tail waste per KV cache group (hybrid models have one group per attention kind). A "
-             "block a sliding window released held a full block: it is not waste."),
+             "block a sliding window released held a full block: it is not waste. A Mamba "
+             "group's is 0 (its blocks hold states, not token slots)."),
     Declared("vllm_scheduler_kv_group_request_blocks", GAUGE, (*ENGINE, "kv_group", "kind"),
              "Blocks in running requests' tables per KV cache group, null placeholders excluded; a"
              " block shared by two tables counts twice."),
     Declared("vllm_scheduler_kv_block_usage_ratio", GAUGE, ENGINE,
              "Used blocks / usable blocks (vLLM's kv_cache_usage_perc)."),
     Declared("vllm_scheduler_kv_token_occupancy_ratio", GAUGE, ENGINE,
-             "Filled token slots / token slots of used blocks; the gap to 1 is tail waste."),
+             "Filled token slots / token slots of used blocks (a Mamba state block counts as "
+             "filled); the gap to 1 is tail waste."),
     Declared("kvscope_engine_process_cpu_seconds", COUNTER, ENGINE,
              "CPU time of the engine process."),
     Declared("kvscope_engine_process_resident_memory_bytes", GAUGE, ENGINE,

@@ -78,13 +78,21 @@ def runs_of(ids: set[int]) -> list[int]:
 
 
 def group_truth(sched: Any, sizes: list[int]) -> tuple[list[int], list[int]]:
-    """Per KV group, from vLLM's own tables and counts: tail waste (slots beyond the
-    computed tokens) and held blocks (entries that are not the null block 0)."""
+    """Per KV group, from vLLM's own tables, counts and specs: tail waste (slots beyond
+    the computed tokens) and held blocks (entries that are not the null block 0).
+
+    A group has token slots only where vLLM's spec maps tokens to the states of a page
+    (``tokens_per_state > 0``; ``KVCacheSpec.get_num_kernel_states``): a Mamba page
+    (``tokens_per_state`` -1) is one recurrent state whatever its ``block_size``, so its
+    group wastes no slots."""
     waste, held = [0] * len(sizes), [0] * len(sizes)
+    slots = [g.kv_cache_spec.tokens_per_state > 0
+             for g in sched.kv_cache_config.kv_cache_groups]
     get_ids = sched.kv_cache_manager.get_block_ids
     for req in sched.running:
         for g, ids in enumerate(get_ids(req.request_id)):
-            waste[g] += max(0, len(ids) * sizes[g] - req.num_computed_tokens)
+            if slots[g]:
+                waste[g] += max(0, len(ids) * sizes[g] - req.num_computed_tokens)
             held[g] += sum(b != 0 for b in ids)
     return waste, held
 

@@ -107,3 +107,29 @@ def test_hybrid_groups_report_tail_waste_and_blocks_per_group() -> None:
     assert (v("vllm_scheduler_kv_group_request_blocks", full),
             v("vllm_scheduler_kv_group_request_blocks", sliding)) == (3, 2)
     assert v("vllm_scheduler_used_blocks", L) == 5 and v("kvscope_ledger_synced", L) == 1
+
+
+def test_a_mamba_groups_state_blocks_hold_no_token_slots() -> None:
+    """vLLM's ``MambaSpec`` page is one request's recurrent state whatever its
+    ``block_size`` (``page_size_bytes`` reads only the state's shapes): without prefix
+    caching its block size is ``max_model_len`` (1024 here) and each request holds one
+    such block. Counting ``1024 - tokens`` unfilled slots in it reported a waste that does
+    not exist and drove the occupancy ratio below zero."""
+    groups = [wire.KVGroup("MambaSpec", 1024), wire.KVGroup("FullAttentionSpec", 32)]
+    h = hello(kv_groups=groups)
+    kf = wire.Keyframe(hello=h, states=bytes([3] + [0] * 7), tables={}, tokens={})
+    hub = Hub()
+    feed(hub, [h, step(), kf], 0)
+    admit = step(ops=[(wire.OP_ALLOC, [1, 2, 3, 4])], free_blocks=3, running=1,
+                 new_reqs=[wire.NewReq("a", [[4], [1, 2, 3]], 0)], num_scheduled={"a": 65})
+    feed(hub, [admit], 3)
+    v = registry_for(hub).get_sample_value
+    mamba, full = ({**L, "kv_group": "0", "kind": "MambaSpec"},
+                   {**L, "kv_group": "1", "kind": "FullAttentionSpec"})
+    assert v("vllm_scheduler_kv_group_tail_waste_tokens", mamba) == 0
+    assert v("vllm_scheduler_kv_group_tail_waste_tokens", full) == 96 - 65
+    assert v("vllm_scheduler_tail_waste_tokens", L) == 96 - 65
+    assert (v("vllm_scheduler_kv_group_request_blocks", mamba),
+            v("vllm_scheduler_kv_group_request_blocks", full)) == (1, 3)
+    # 4 used blocks of 32 slots, the state block counted as filled
+    assert v("vllm_scheduler_kv_token_occupancy_ratio", L) == 1 - (96 - 65) / (4 * 32)

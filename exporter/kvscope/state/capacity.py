@@ -29,6 +29,11 @@ FULL_ATTENTION_KINDS = frozenset({"FullAttentionSpec", "MLAAttentionSpec",
                                   "SinkFullAttentionSpec"})
 """KV spec classes whose group holds ``cdiv(tokens, block_size)`` blocks of a request."""
 
+STATE_KINDS = frozenset({"MambaSpec"})
+"""KV spec classes whose page is one request's recurrent state, not ``block_size`` token
+slots (vLLM's ``MambaSpec``: ``tokens_per_state`` -1, one state a page whatever its
+block size, which is ``max_model_len`` without prefix caching)."""
+
 
 
 def _groups(hello: wire.Hello) -> list[wire.KVGroup]:

@@ -93,7 +93,8 @@ class EngineState:
         """Server label; the hub adds ``#<pid>`` when another live probe holds the identity."""
         self.key = engine_key(hello.server, hello.engine)
         """Unique name of this engine in the sidecar (set by kvscope.state.hub)."""
-        self.ledger = Ledger(hello.num_blocks, [g.block_size for g in hello.kv_groups])
+        self.ledger = Ledger(hello.num_blocks, [g.block_size for g in hello.kv_groups],
+                             [g.kind for g in hello.kv_groups])
         self.counters = Counters()
         self.audit = audit.AuditCounts()
         """The ledger compared with vLLM's own pool (``kvscope.state.audit``)."""

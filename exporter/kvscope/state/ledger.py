@@ -11,6 +11,7 @@ from operator import itemgetter
 
 import numpy as np
 
+from kvscope.state.capacity import STATE_KINDS
 from kvscope.state.free_run import ALL, SCAN_BELOW, LongestFreeRun, free_run_lengths
 from kvscope.state.token_counts import ListEdit, TokenCounts
 from kvscope_probe import wire
@@ -23,11 +24,17 @@ _ALLOC, _FREE, _FREE_CACHED = wire.OP_ALLOC, wire.OP_FREE, wire.OP_FREE_CACHED
 class Ledger:
     """Block states plus the block tables and token counts of running requests."""
 
-    def __init__(self, num_blocks: int, group_block_sizes: list[int]) -> None:
+    def __init__(self, num_blocks: int, group_block_sizes: list[int],
+                 group_kinds: list[str] | None = None) -> None:
         self.num_blocks = num_blocks
         self.usable_blocks = max(0, num_blocks - 1)
         """Blocks that can ever be free: all but the null block."""
         self.group_block_sizes = group_block_sizes or [1]
+        kinds = group_kinds or []
+        self.group_slots = [i >= len(kinds) or kinds[i] not in STATE_KINDS
+                            for i in range(len(self.group_block_sizes))]
+        """Per KV group, whether its blocks hold token slots (a Mamba group's hold one
+        recurrent state each: ``capacity.STATE_KINDS``)."""
         self.states = bytearray(num_blocks)
         if num_blocks:
             self.states[0] = wire.STATE_NULL
@@ -203,7 +210,8 @@ class Ledger:
 
         - tail waste: slots reserved in the group's blocks beyond the tokens they hold. A
           block a sliding window released (now the null block) held a full block of
-          tokens that left the window: it is no waste, and the formula counts it as full;
+          tokens that left the window: it is no waste, and the formula counts it as full.
+          A Mamba group's blocks hold states, not slots: its waste is 0;
         - blocks held: table entries that are not the null block (a block shared by two
           tables counts in each).
         """
@@ -222,7 +230,8 @@ class Ledger:
             else:  # a table without this group (never from vLLM): it holds nothing there
                 lens = np.fromiter((len(t[g]) if len(t) > g else 0 for t in tables.values()),
                                    np.int64, len(rids))
-            waste.append(int(np.maximum(lens * bs - tokens, 0).sum()))
+            waste.append(int(np.maximum(lens * bs - tokens, 0).sum())
+                         if self.group_slots[g] else 0)
             held.append(int(lens.sum()) - self.nulls[g])
         return waste, held
 
