@@ -15,6 +15,10 @@ from alerts.pool import pool_alerts
 from alerts.promql import Promql, Rule
 
 
+ENDS_OFF = 'feature="ends"'
+"""The probe's ``ends`` hook off: the engine counts no ended request."""
+
+
 def recording_rules(cfg: Config) -> list[Rule]:
     """Rates and ratios the alerts and dashboards share; order matters (later use earlier)."""
     q = Promql(cfg)
@@ -40,10 +44,15 @@ def recording_rules(cfg: Config) -> list[Rule]:
         (
             "engine:vllm_scheduler_preemptions_per_request:ratio_rate5m",
             # Preemptions per request that ended. Before any request has ended the
-            # denominator series is absent: count it as 0, so a thrashing engine shows +Inf.
+            # denominator series is absent: count it as 0, so a thrashing engine shows +Inf;
+            # but not where no ended request is ever counted (an engine seen only through
+            # vLLM's /metrics, a probe whose `ends` hook is off): its rate is unknown.
             "engine:vllm_scheduler_preemptions:rate5m\n/\n(\n"
             "  engine:vllm_scheduler_requests_ended:rate5m\n  or\n"
-            "  engine:vllm_scheduler_preemptions:rate5m * 0\n)",
+            "  (\n    engine:vllm_scheduler_preemptions:rate5m * 0\n"
+            f"    unless on ({q.engine}) {q.m('kvscope_engine_coarse')}\n"
+            f"    unless on ({q.engine}) {q.m('kvscope_probe_feature_disabled', ENDS_OFF)}"
+            "\n  )\n)",
         ),
         (
             "engine:vllm_scheduler_free_blocks:ratio",
