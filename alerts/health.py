@@ -132,11 +132,13 @@ def ledger_alerts(cfg: Config) -> list[Rule]:
             "KVScopeLedgerMismatch",
             f"{q.increase('kvscope_ledger_mismatches_total', cfg.probe_problem_window)} > 0",
             severity="warning",
-            summary="kvscope's rebuilt KV block pool disagreed with the probe's own count.",
+            summary="kvscope's rebuilt KV block pool disagreed with vLLM's free count or the "
+            "probe's copy of the pool.",
             description=f"{LEDGER} had {{{{ $value | humanize }}}} self-check failure(s) in "
-            f"the last {cfg.probe_problem_window} (the probe's free count or a keyframe "
-            "differed from the replayed operations). Each mismatch marks the pool stale "
-            "until the next keyframe; without dropped records it is a kvscope bug.",
+            f"the last {cfg.probe_problem_window} (vLLM's free block count at a step, or the "
+            "probe's copy of the pool in a keyframe, differed from the replayed operations). "
+            "Each mismatch marks the pool stale until the next keyframe; without dropped "
+            "records it is a kvscope bug or a vLLM path the probe does not follow.",
             dashboard=cfg.dashboards.blocks,
         ),
         alert(
@@ -212,13 +214,20 @@ def sidecar_alerts(cfg: Config) -> list[Rule]:
         alert(
             cfg,
             "KVScopeReconciliationDrift",
-            f"min_over_time({drift}[{rw}]) > 0\nor\nmax_over_time({drift}[{rw}]) < 0",
+            # One-sided: vLLM counts a preemption when its victim next emits a token (the
+            # PREEMPTED event rides on that output, Scheduler.update_from_output) and never
+            # for a victim aborted first, and the sidecar reads its count at the last
+            # scrape: kvscope ahead is what sustained preemption looks like.
+            f"max_over_time({drift}[{rw}]) < 0",
             severity="warning",
-            summary="kvscope's preemption count and vLLM's own have disagreed for long.",
+            summary="kvscope has counted fewer preemptions than vLLM for long.",
             description=f"For engine {ID} "
             "kvscope's preemption count minus vLLM's vllm:num_preemptions_total stayed at "
-            f"{{{{ $value }}}} or further from 0 for {rw}: one of the two misses "
-            "preemptions (for example a probe that was off for a while).",
+            f"{{{{ $value }}}} or below for {rw}: kvscope missed preemptions that vLLM "
+            "counted (a probe off or dropping records for a while, or a sidecar restarted "
+            "after vLLM). kvscope's count ahead of vLLM's is expected and does not fire "
+            "this: vLLM counts a preemption only when its victim next emits a token, and "
+            "never for a victim aborted before that.",
             dashboard=cfg.dashboards.blocks,
         ),
     ]

@@ -178,7 +178,10 @@ SIDECAR_METRICS: tuple[Declared, ...] = (
     Declared("kvscope_vllm_scrapes", COUNTER, (), "Scrapes of vLLM's /metrics."),
     Declared("kvscope_vllm_scrape_errors", COUNTER, (), "Failed scrapes of vLLM's /metrics."),
     Declared("kvscope_reconciliation_preemptions_diff", GAUGE, ENGINE,
-             "kvscope's preemptions minus vllm:num_preemptions_total; should stay 0."),
+             "kvscope's preemptions minus vllm:num_preemptions_total at its last scrape. vLLM "
+             "counts a preemption when its victim next emits a token, never for one aborted "
+             "first: above 0 while victims wait or after such aborts; below 0, kvscope missed "
+             "preemptions."),
     Declared("kvscope_reconciliation_free_blocks_diff", GAUGE, ENGINE,
              "kvscope's free blocks minus those derived from vllm:kv_cache_usage_perc; 0 at rest, "
              "jitters under load."),
