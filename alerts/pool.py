@@ -76,13 +76,16 @@ def admission_blocked(cfg: Config) -> Rule:
         f"{never_fits_expr(q)}",
         severity="warning",
         for_=cfg.admission_blocked_for,
-        summary="The head of the waiting queue needs more KV blocks than are free, so no "
-        "waiting request is admitted.",
-        description=f"{ENGINE}: the request at the head of the waiting queue needs "
-        "{{ $value }} more KV blocks than the pool has free (its whole sequence before "
-        "prefix-cache hits; evictable cached blocks count as free), and has for at least "
-        f"{cfg.admission_blocked_for}. vLLM admits waiting requests in order, so every "
-        "request behind it waits too.",
+        summary="The head of the waiting queue may need more KV blocks than are free; "
+        "while it does, no waiting request is admitted.",
+        description=f"{ENGINE}: the request at the head of the waiting queue needs up to "
+        "{{ $value }} more KV blocks than the pool has free, and has for at least "
+        f"{cfg.admission_blocked_for} (an upper bound: its whole sequence in every KV cache "
+        "group, before prefix-cache hits; loose on hybrid models, whose sliding-window and "
+        "Mamba groups hold fewer blocks; evictable cached blocks count as free). vLLM "
+        "admits waiting requests in order: while the head cannot be admitted, every "
+        "request behind it waits too. The decision log's admission_blocked lines say "
+        "whether anything was admitted and which limit held.",
         dashboard=cfg.dashboards.decisions,
     )
 

@@ -109,9 +109,11 @@ def pool(cfg: Config) -> list[p.Panel]:
                 p.prom(m("vllm_scheduler_cached_evictable_blocks"), ID + " cached"),
                 stack=True),
         p.graph("Head of the queue needs vs free",
-                "Blocks the head of the waiting queue needs for its whole sequence (before "
-                "prefix-cache hits) against free blocks; while it needs more, admission is "
-                "blocked. Right axis: running and waiting requests.",
+                "Upper bound on the blocks the head of the waiting queue needs (its whole "
+                "sequence in every KV cache group, before prefix-cache hits: loose on hybrid "
+                "models) against free blocks; while it truly needs more, admission is "
+                "blocked (Decisions: Admissions blocked). Right axis: running and waiting "
+                "requests.",
                 p.prom(m("vllm_scheduler_waiting_head_blocks_needed"), ID + " head needs"),
                 p.prom(m("vllm_scheduler_free_blocks"), ID + " free blocks"),
                 p.prom(m("vllm_scheduler_running_requests"), ID + " requests running"),

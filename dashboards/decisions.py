@@ -46,9 +46,10 @@ def build(cfg: Config) -> p.Board:
         p.graph("Preemptions by engine", "loki/queries.logql: preemptions_by_engine.",
                 p.loki_q(logql("preemptions_by_engine"), ID), w=8),
         p.graph("Admissions blocked",
-                "The head of the waiting queue needed more blocks than were free (one line "
-                "per episode, repeated every 10 s; its reason is the limit vLLM's waiting loop "
-                "met first: preempted, max_num_seqs, token_budget or kv_blocks). "
+                "Nothing was admitted while requests waited and the head's upper bound on "
+                "blocks exceeded the free ones (one line per episode, repeated every 10 s; its "
+                "reason is the limit vLLM's waiting loop met first: preempted, max_num_seqs, "
+                "token_budget or kv_blocks). "
                 "loki/queries.logql: admissions_blocked.",
                 p.loki_q(logql("admissions_blocked"), ID), w=8),
         p.graph("Tokens thrown away by preemptions (1h)",

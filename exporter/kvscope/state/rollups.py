@@ -88,7 +88,7 @@ class Rollups:
         self.blocked_since[st.key] = s.ts
         self.decide(st, s.ts, "admission_blocked", s.head_req_id,
                     f"Admission blocked: request {s.head_req_id} at the head of the "
-                    f"waiting queue needs {s.head_blocks_needed} blocks, "
+                    f"waiting queue needs at most {s.head_blocks_needed} blocks, "
                     f"free_blocks={led.free} waiting={s.waiting}",
                     reason=admission_limit(st, s),
                     blocks_needed=s.head_blocks_needed, free_blocks=led.free)
