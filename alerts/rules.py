@@ -14,7 +14,6 @@ from alerts.health import health_alerts
 from alerts.pool import pool_alerts
 from alerts.promql import Promql, Rule
 
-
 ENDS_OFF = 'feature="ends"'
 """The probe's ``ends`` hook off: the engine counts no ended request."""
 

@@ -2,10 +2,10 @@
 
 preemption_rate = preemptions / requests ended, over the last ``window_s`` seconds of
 sidecar time, all engines together (1.0 when preemptions came and no request ended: JSON
-has no infinity, and it is above every threshold). free_block_ratio is the lowest current free / usable
-blocks over engines with an exact ledger. The recommendation is a plain threshold rule:
-``shed`` above ``shed_rate`` (or no free block while requests wait), ``backoff`` above
-``backoff_rate`` (or under ``backoff_free_ratio`` free), else ``ok``.
+has no infinity, and it is above every threshold). free_block_ratio is the lowest current
+free / usable blocks over engines with an exact ledger. The recommendation is a plain
+threshold rule: ``shed`` above ``shed_rate`` (or no free block while requests wait),
+``backoff`` above ``backoff_rate`` (or under ``backoff_free_ratio`` free), else ``ok``.
 """
 
 from __future__ import annotations
