@@ -55,11 +55,11 @@ def now(cfg: Config) -> list[p.Panel]:
     """The figures to read first: free blocks, budget used, preemptions."""
     m, a = cfg.m, cfg.alerts
     return [
-        p.single("Free KV blocks", "Free blocks of the pool now, evictable prefix-cache "
-                 "blocks included (what allocation checks).",
+        p.single("Free KV blocks", "Free blocks now, summed over the selected engines' pools, "
+                 "evictable prefix-cache blocks included (what allocation checks).",
                  p.prom(f"sum({m('vllm_scheduler_free_blocks')})")),
         p.single("Token budget used (5m)", "Scheduled tokens / token budget over 5 minutes, "
-                 "exact (recording rule).",
+                 "each engine's exact (recording rule), averaged over the selected engines.",
                  p.prom(f"avg({m('engine:vllm_scheduler_token_budget_utilization:ratio_rate5m')})"),
                  unit="percentunit"),
         p.single("Preemptions in range", "Preemptions of running requests in the selected "
@@ -68,11 +68,12 @@ def now(cfg: Config) -> list[p.Panel]:
                         "[$__range]))"),
                  steps=[(None, "green"), (1, "orange")]),
         p.single("Preemptions per ended request (5m)", "Preemptions / requests that ended "
-                 "over 5 minutes; the alerts warn above "
+                 "over 5 minutes, the highest of the selected engines (a count per request: "
+                 "it can pass 1); the alerts warn above "
                  f"{a.preemption_rate_warning:g} and page above {a.preemption_rate_critical:g}.",
                  p.prom("max("
                         f"{m('engine:vllm_scheduler_preemptions_per_request:ratio_rate5m')})"),
-                 unit="percentunit", steps=[(None, "green"), (a.preemption_rate_warning,
+                 steps=[(None, "green"), (a.preemption_rate_warning,
                                             "orange"), (a.preemption_rate_critical, "red")]),
     ]
 
@@ -82,7 +83,8 @@ def budget_vs_blocks(cfg: Config) -> p.Panel:
     m = cfg.m
     return p.graph(
         "Token budget used vs free and longest free run",
-        "Left axis: share of the per-step token budget (--max-num-batched-tokens) that was "
+        "Left axis: share of the per-step token budget (vLLM's max_num_scheduled_tokens: "
+        "--max-num-batched-tokens unless --max-num-scheduled-tokens is set) that was "
         "scheduled. Right axis: free blocks and the longest run of consecutive free block "
         "IDs. Preemptions with the budget low and free blocks near 0 mean KV memory is the "
         "limit. vLLM V1 allocates any free blocks: a short contiguous run never causes a "
@@ -140,23 +142,24 @@ def preemptions(cfg: Config) -> list[p.Panel]:
     return [
         p.graph("Preemptions by reason",
                 "kv_full: the failed allocation needed more blocks than were free. priority: "
-                "displaced for a higher-priority request. unknown: nothing recorded explains "
-                "it (never guessed).",
+                "the same shortage, and the victim had a lower priority than the request that "
+                "needed the blocks (the priority policy only picks the victim). unknown: "
+                "nothing recorded explains it (never guessed).",
                 p.prom(rate(cfg, "vllm_scheduler_preempted_requests_total",
                             "server, engine, reason"),
                        ID + " {{reason}}"),
                 unit="ops"),
         p.graph("Preemptions per ended request",
                 "Preemptions / requests that ended, over 5 minutes (the alerts' ratio and "
-                "thresholds).",
+                "thresholds; a count per request: it can pass 1).",
                 p.prom(m("engine:vllm_scheduler_preemptions_per_request:ratio_rate5m"),
                        ID),
-                unit="percentunit", minimum=0,
+                minimum=0,
                 lines=[(a.preemption_rate_warning, "orange"),
                        (a.preemption_rate_critical, "red")]),
         p.graph("Tokens discarded and recomputed",
                 "Computed tokens thrown away by preemptions, and those computed again on "
-                "resume (prefix-cache hits excluded).",
+                "resume (prefix-cache hits excluded), per second.",
                 p.prom(rate(cfg, "vllm_scheduler_preempted_tokens_total"),
                        ID + " discarded"),
                 p.prom(rate(cfg, "vllm_scheduler_recomputed_tokens_total"),

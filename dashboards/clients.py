@@ -74,10 +74,10 @@ def preemptions_by_client(cfg: Config) -> list[p.Panel]:
                              "kvscope_user_agent_requests_total", "user_agent"),
                        "{{user_agent}}")),
         p.graph("Engine preemptions per request (for comparison)",
-                "The engine-wide ratio the alerts watch.",
+                "The engine-wide ratio the alerts watch: preemptions per ended request.",
                 p.prom(cfg.m("engine:vllm_scheduler_preemptions_per_request:ratio_rate5m"),
                        ID),
-                unit="percentunit", minimum=0),
+                minimum=0),
     ]
 
 
@@ -104,7 +104,7 @@ def traffic_and_duplicates(cfg: Config) -> list[p.Panel]:
                 p.prom(client_rate(cfg, "kvscope_client_traces_joined_total", "job"), "joined"),
                 p.prom(client_rate(cfg, "kvscope_client_traces_unjoined_total", "job"), "unjoined"),
                 p.prom("sum by (label) (" + cfg.on_sidecars(
-                    f"increase({cfg.m('kvscope_client_label_overflow_total', engine=False)}"
+                    f"rate({cfg.m('kvscope_client_label_overflow_total', engine=False)}"
                     "[$__rate_interval])") + ")", "overflow {{label}}"),
                 unit="ops", w=24, h=6),
     ]

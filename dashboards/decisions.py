@@ -40,7 +40,8 @@ def build(cfg: Config) -> p.Board:
                 "preemptions_by_reason.",
                 p.loki_q(logql("preemptions_by_reason"), "{{reason}}")),
         p.graph("Decisions by event",
-                "Decision lines per kind: preempt, admission_blocked, resume, finish, abort. "
+                "Decision lines per kind: preempt, admission_blocked, never_fits, resume, "
+                "finish, abort. "
                 "loki/queries.logql: decisions_by_event.",
                 p.loki_q(logql("decisions_by_event"), "{{event}}")),
         p.graph("Preemptions by engine", "loki/queries.logql: preemptions_by_engine.",
@@ -53,8 +54,9 @@ def build(cfg: Config) -> p.Board:
                 "loki/queries.logql: admissions_blocked.",
                 p.loki_q(logql("admissions_blocked"), ID), w=8),
         p.graph("Tokens thrown away by preemptions (1h)",
-                "Computed tokens discarded per engine over the last hour (recomputed on "
-                "resume). loki/queries.logql: recomputed_tokens.",
+                "Computed tokens discarded per engine over the last hour (computed again on "
+                "resume, but for what the prefix cache still holds then). "
+                "loki/queries.logql: recomputed_tokens.",
                 p.loki_q(logql("recomputed_tokens"), ID), w=8),
     )
     b.row("Lines").add(
@@ -67,8 +69,10 @@ def build(cfg: Config) -> p.Board:
                    "loki/queries.logql: preemption_lines.",
                    p.loki_q(logql("preemption_lines")), w=16),
         p.loglines("Preempted while blocks were free",
-                   "Preemptions with free blocks left: the failed allocation still needed "
-                   "more than were free. loki/queries.logql: preempted_with_free_blocks.",
+                   "Preemptions with free blocks left, for a known reason: the failed "
+                   "allocation still needed more than were free (unknown-reason ones, such as "
+                   "a prefix-cache reset, left out). "
+                   "loki/queries.logql: preempted_with_free_blocks.",
                    p.loki_q(logql("preempted_with_free_blocks"))),
     )
     b.row("The same decisions in ClickHouse").add(p.grid(

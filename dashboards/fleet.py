@@ -73,8 +73,9 @@ def by_model(cfg: Config) -> list[p.Panel]:
         p.graph("Tail waste by model", "Unfilled token slots of used blocks.",
                 p.prom(f"model:vllm_scheduler_tail_waste:ratio{{{MODEL}}}", "{{model}}"),
                 unit="percentunit", minimum=0, w=12),
-        p.graph("Time lost to preemption, by model",
-                "Share of scheduled tokens spent computing again what preemptions discarded.",
+        p.graph("Tokens recomputed after preemption, by model",
+                "Share of scheduled tokens spent computing again what preemptions discarded "
+                "(tokens, not time: recomputing is prefill).",
                 p.prom(f"model:vllm_scheduler_recomputed_tokens:ratio_rate5m{{{MODEL}}}",
                        "{{model}}"), unit="percentunit", minimum=0, w=12),
     ]
@@ -103,7 +104,7 @@ def worst(cfg: Config) -> list[p.Panel]:
     return [
         _top(cfg, "Top engines by preemption rate", "Preemptions per second over 5 minutes.",
              "engine:vllm_scheduler_preemptions:rate5m", "ops"),
-        _top(cfg, "Top engines by time lost",
+        _top(cfg, "Top engines by tokens recomputed",
              "Share of the engine's scheduled tokens spent recomputing preempted work.",
              "engine:vllm_scheduler_recomputed_tokens:ratio_rate5m", "percentunit"),
     ]

@@ -14,7 +14,8 @@ def probe_health(cfg: Config) -> list[p.Panel]:
     m = cfg.m
     return [
         p.graph("Probe connected and ledger in sync",
-                "1 while the probe sent a record within the health timeout; 1 while the "
+                "1 while the probe sent a record or a heartbeat within the health timeout "
+                "(an idle engine stays connected); 1 while the "
                 "rebuilt pool is exact (0 after a gap until the next keyframe).",
                 p.prom(m("kvscope_probe_connected"), ID + " probe connected"),
                 p.prom(m("kvscope_ledger_synced"), ID + " ledger synced"),
@@ -22,7 +23,9 @@ def probe_health(cfg: Config) -> list[p.Panel]:
         p.graph("Seconds since the last probe record", "Per engine.",
                 p.prom(m("kvscope_probe_last_record_age_seconds"), ID),
                 unit="s", w=8),
-        p.graph("Probe cost", "Engine-thread time the probe spent / time in schedule().",
+        p.graph("Probe cost", "Time the probe spent on all its threads (engine-thread wall "
+                "time, plus its sender's and libzmq's CPU) / time vLLM spent in schedule(); "
+                "by thread: kvscope_probe_overhead_seconds_total{thread}.",
                 p.prom(m("engine:kvscope_probe_overhead:ratio_rate5m"), ID),
                 unit="percentunit", w=8),
         p.graph("Records received, dropped, rejected",
@@ -102,8 +105,11 @@ def vllm_health(cfg: Config) -> list[p.Panel]:
     return [
         p.graph("Reconciliation with vLLM's /metrics",
                 "With kvscope serve --vllm-url: kvscope's preemptions minus vLLM's, and free "
-                "blocks minus those derived from vllm:kv_cache_usage_perc (both should stay "
-                "0); coarse = 1 for engines seen only through vLLM's /metrics.",
+                "blocks minus those derived from vllm:kv_cache_usage_perc; both return to 0 "
+                "at rest. Under load vLLM's figures are those of its last scrape, and vLLM "
+                "counts a preemption only when its victim next emits a token: the preemptions "
+                "difference stays above 0 while victims wait, below 0 only when kvscope missed "
+                "some. coarse = 1 for engines seen only through vLLM's /metrics.",
                 p.prom(m("kvscope_reconciliation_preemptions_diff"), ID + " preemptions"),
                 p.prom(m("kvscope_reconciliation_free_blocks_diff"), ID + " free blocks"),
                 p.prom(m("kvscope_engine_coarse"), ID + " coarse")),
