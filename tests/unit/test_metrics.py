@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import CollectorRegistry, generate_latest
 
 from kvscope.sidecar.exposition.metrics import KVScopeCollector
+from kvscope.sidecar.exposition.process import ProcessReader
 from kvscope.sidecar.exposition.vllm_metrics import VllmScraper, parse
 from kvscope.state.hub import Hub
 from kvscope_probe import wire
@@ -60,6 +63,20 @@ def test_stale_ledger_exports_no_block_gauges() -> None:
     assert reg.get_sample_value("vllm_scheduler_free_blocks", L) is None
     assert reg.get_sample_value("vllm_scheduler_preempted_requests_total",
                                 {**L, "reason": "kv_full"}) == 1
+
+
+def test_the_engine_process_series_stay_while_the_ledger_is_stale() -> None:
+    """The engine's CPU and memory do not depend on the pool's state: a counter that
+    vanished at every gap would break rate() over it. The hello names this very process
+    (a real one on this host) as the engine."""
+    hub = Hub()
+    feed(hub, [hello(pid=os.getpid()), step(), keyframe()], 0)
+    reg = registry_for(hub, processes=ProcessReader())
+    assert reg.get_sample_value("kvscope_engine_process_cpu_seconds_total", L) > 0
+    feed(hub, [step()], 10)  # a gap: the ledger is stale until the next keyframe
+    assert reg.get_sample_value("kvscope_ledger_synced", L) == 0
+    assert reg.get_sample_value("kvscope_engine_process_cpu_seconds_total", L) > 0
+    assert reg.get_sample_value("kvscope_engine_process_resident_memory_bytes", L) > 0
 
 
 def test_coarse_mode_and_reconciliation_from_vllm_metrics() -> None:

@@ -150,6 +150,7 @@ class KVScopeCollector:
             f.g("vllm_scheduler_waiting_head_never_fits").add_metric(
                 lv, int(fit is not None and fit.never_fits))
         self._ledger(f, st, lv)
+        self._process(f, st, lv)
         self._health(f, st, lv)
 
     def _ledger(self, f: Families, st: EngineState, lv: list[str]) -> None:
@@ -183,6 +184,9 @@ class KVScopeCollector:
         f.g("vllm_scheduler_kv_token_occupancy_ratio").add_metric(
             lv, (1.0 - waste / slots) if slots else 1.0
         )
+
+    def _process(self, f: Families, st: EngineState, lv: list[str]) -> None:
+        """The engine process's CPU and memory, whatever the ledger's state."""
         if self.processes is not None:
             ps = self.processes.sample(st.hello.pid)
             if ps is not None:
