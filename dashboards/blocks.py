@@ -104,7 +104,8 @@ def pool(cfg: Config) -> list[p.Panel]:
     return [
         p.graph("Used, free and cached blocks",
                 "The pool stacked: blocks held by requests, free blocks without data, and free "
-                "blocks that still hold prefix-cache data (evicted on reuse).",
+                "blocks that still hold prefix-cache data (a prefix-cache hit takes one back; "
+                "handing it to another request evicts its data).",
                 p.prom(m("vllm_scheduler_used_blocks"), ID + " used"),
                 p.prom(f"{m('vllm_scheduler_free_blocks')} - "
                        f"{m('vllm_scheduler_cached_evictable_blocks')}", ID + " free"),

@@ -99,7 +99,8 @@ SIDECAR_METRICS: tuple[Declared, ...] = (
     Declared("vllm_scheduler_free_blocks", GAUGE, ENGINE,
              "Free KV blocks, evictable prefix-cache blocks included (what allocation checks)."),
     Declared("vllm_scheduler_cached_evictable_blocks", GAUGE, ENGINE,
-             "Free blocks that still hold prefix-cache data and are evicted on reuse."),
+             "Free blocks that still hold prefix-cache data: a prefix-cache hit takes one back, "
+             "and handing it to another request evicts its data."),
     Declared("vllm_scheduler_used_blocks", GAUGE, ENGINE, "KV blocks held by requests."),
     Declared("vllm_scheduler_max_contiguous_free_blocks", GAUGE, ENGINE,
              "Longest run of consecutive free block IDs; vLLM V1 never needs contiguity to "
@@ -110,7 +111,8 @@ SIDECAR_METRICS: tuple[Declared, ...] = (
              "Token slots reserved but unfilled in the blocks of running requests (a Mamba "
              "group's blocks hold one recurrent state each, no token slots: none counted)."),
     Declared("vllm_scheduler_kv_group_tail_waste_tokens", GAUGE, (*ENGINE, "kv_group", "kind"),
-             "Tail waste per KV cache group (hybrid models have one group per attention kind). A "
+             "Tail waste per KV cache group (a hybrid model has one group per layer of its "
+             "repeating pattern, so several groups may share a kind). A "
              "block a sliding window released held a full block: it is not waste. A Mamba "
              "group's is 0 (its blocks hold states, not token slots)."),
     Declared("vllm_scheduler_kv_group_request_blocks", GAUGE, (*ENGINE, "kv_group", "kind"),
