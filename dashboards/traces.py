@@ -29,10 +29,6 @@ def variables(cfg: Config) -> list[Any]:
         p.custom("days", "Days", ["1", "7", "30", "90"], days,
                  "Window of the tables, in days back from now (as kvscope query --param days)."),
         p.custom("limit", "Rows", ["10", "20", "50", "100"], limit, "Rows of the top lists."),
-        p.label_values("block_size", "Block size",
-                       cfg.m("kvscope_engine_info", engine=False).replace(
-                           "}", ', server=~"$server", engine=~"$engine"}'), all_=False,
-                       description="Tokens per KV block of the engine (from its probe)."),
         p.textbox("request_id", "Request ID",
                   "An engine request ID (click one in a table) for the timeline below."),
         p.textbox("sidecar", "Sidecar URL",
@@ -76,9 +72,10 @@ def build(cfg: Config) -> p.Board:
                p.ch(sql.render("preemption_cost")), w=12, h=8,
                units={"recomputed_ratio": "percentunit"}),
         p.grid("Tail waste by prompt length (last $days days)",
-               "Token slots reserved but never filled, per prompt-length bucket, for the "
-               "engine's block size. kvscope query tail_waste_by_prompt_len.",
-               p.ch(sql.render("tail_waste_by_prompt_len", block_size="${block_size}")),
+               "Token slots reserved but never filled, per prompt-length bucket, each request "
+               "in its engine's own block size (engine_configs); engines with more than one "
+               "KV cache group are left out. kvscope query tail_waste_by_prompt_len.",
+               p.ch(sql.render("tail_waste_by_prompt_len")),
                h=8, units={"waste_ratio": "percentunit"}),
     )
     b.row("One request: $request_id").add(

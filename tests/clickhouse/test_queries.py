@@ -13,7 +13,7 @@ import json
 import math
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from kvscope.rows import (
+    EngineConfig,
     RequestAllocations,
     RequestEvent,
     RequestTrace,
@@ -177,12 +178,16 @@ def test_blocks_needed_vs_free(run: Run) -> None:
 
 
 def test_tail_waste_by_prompt_len(run: Run) -> None:
+    """The block size is the engine's own (its engine_configs row: the twin's 32 tokens),
+    not one the caller must know and pass (the query took a parameter defaulting to 16)."""
+    (config,) = [r for r in run.rows if isinstance(r, EngineConfig)]
+    assert config.block_size == BLOCK_SIZE and config.kv_group_block_sizes == [BLOCK_SIZE]
     buckets: dict[int, list[RequestTrace]] = defaultdict(list)
     for t in run.traces:
         if t.allocated_blocks > 0 and t.required_blocks > 0:
             le = 1 if t.prompt_len <= 1 else 2 ** math.ceil(math.log2(t.prompt_len))
             buckets[le].append(t)
-    got = saved(run, "tail_waste_by_prompt_len", block_size=str(BLOCK_SIZE))
+    got = saved(run, "tail_waste_by_prompt_len")
     assert [g["prompt_len_le"] for g in got] == sorted(buckets)
     for g in got:
         ts = buckets[g["prompt_len_le"]]
@@ -194,6 +199,36 @@ def test_tail_waste_by_prompt_len(run: Run) -> None:
         assert g["avg_tail_waste_tokens"] == pytest.approx(round(waste / len(ts), 2))
         assert g["allocated_waste_tokens"] == sum(
             t.allocated_blocks for t in ts) * BLOCK_SIZE - tokens
+
+
+def test_tail_waste_leaves_out_hybrid_engines_and_engines_without_settings(
+        run: Run, chdb_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The run's traces stored three times: under their engine, under an engine whose
+    settings say two KV cache groups (a trace's blocks then sum both groups: no block
+    size measures them) and under one with no engine_configs row. Only the first counts."""
+    (config,) = [r for r in run.rows if isinstance(r, EngineConfig)]
+    hybrid = replace(config, engine="hybrid", kv_group_kinds=["SlidingWindowSpec",
+                                                               "FullAttentionSpec"],
+                     kv_group_block_sizes=[BLOCK_SIZE, BLOCK_SIZE], kv_group_windows=[64, 0])
+    rows: list[Any] = [config, hybrid, *run.traces,
+                       *(replace(t, engine="hybrid") for t in run.traces),
+                       *(replace(t, engine="unconfigured") for t in run.traces)]
+    db = database_name("tail_waste_engines")
+    sink = ClickHouseSink(chdb_dsn, database=db, options=FAST,
+                          spool_dir=str(tmp_path_factory.mktemp("spool_tail")))
+    manager = SinkManager([sink])
+    for r in rows:
+        manager.emit(r)
+    assert sink.flush(60)
+    manager.close()
+    client = clickhouse_connect.get_client(dsn=chdb_dsn, database=db)
+    try:
+        three = Run(client, run.traces, [], rows, chdb_dsn, db)
+        assert saved(three, "tail_waste_by_prompt_len") == saved(run, "tail_waste_by_prompt_len")
+        assert saved(three, "tail_waste_by_prompt_len", engine="hybrid") == []
+        assert saved(three, "tail_waste_by_prompt_len", engine="unconfigured") == []
+    finally:
+        client.close()
 
 
 def test_preemption_cost(run: Run) -> None:

@@ -163,7 +163,7 @@ class Live:
         self.first: dict[str, float] = {}
         """Target key -> seconds after the twin started when it first returned data."""
         self.values: dict[str, str] = {}
-        """Concrete variable values (engine, model, block_size, ...) read from Prometheus."""
+        """Concrete variable values (engine, model, server, ...) read from Prometheus."""
         self.variable_values: dict[str, list[str]] = {}
         self.window = (0.0, 0.0)
         self.run: dict[str, Any] = {}
@@ -214,8 +214,6 @@ def live(dashboards: dict[str, dict[str, Any]],
                     selector, label = label_values(v["query"])
                     out.variable_values[f"{d['uid']} ${name}"] = stack.label_values(
                         interpolate(selector, out.values), label)
-        out.values["block_size"] = next(iter(
-            out.variable_values[f"{Dashboards().requests} $block_size"]), "")
     finally:
         stack.stop()
     out.window = (started, time.time())
@@ -239,7 +237,6 @@ def test_every_promql_panel_returns_data(live: Live,
 def test_every_variable_has_values(live: Live) -> None:
     empty = [k for k, v in live.variable_values.items() if not v]
     assert not empty, empty
-    assert live.values["block_size"], "kvscope_engine_info carries no block_size"
 
 
 @pytest.fixture(scope="module")
@@ -292,7 +289,6 @@ def test_clickhouse_panels_answer_as_kvscope_query(
 
     params = {"days": "7", "limit": "20", "engine": live.values["engine"],
               "server": live.values["server"], "model": live.values["model"],
-              "block_size": live.values["block_size"],
               "request_id": victim, "block_bucket": "1", "kv_group": "-1",
               "since": stamp(start), "until": stamp(end), "time_bucket_s": "1", "bucket_s": "1"}
     compared = []

@@ -4,27 +4,33 @@
 -- sequence (required_blocks x block_size - tokens) and against the most blocks the
 -- request held at once (allocated_blocks x block_size - tokens; it can dip below zero by
 -- the final token, whose KV is never written), with waste_ratio = required-basis waste /
--- slots. Rows carry no block size: pass the engine's --block-size (one KV cache group).
+-- slots. Each request is measured in its engine's own block size: the engine_configs row
+-- of its engine at or before the request ended. Requests of an engine with more than one
+-- KV cache group (a hybrid model: a trace's blocks sum its groups, whose blocks hold
+-- different spans) or without a stored configuration are left out.
 -- @param days = 7          window, in days back from now
--- @param block_size = 16   tokens per KV block of the engine (vLLM --block-size)
 -- @param model = ''        one model ('' = all)
 -- @param engine = ''       one engine ('' = all)
 -- @param server = ''       one vLLM server ('' = all)
 SELECT
-    if(prompt_len <= 1, 1, toUInt64(exp2(ceil(log2(prompt_len))))) AS prompt_len_le,
+    if(t.prompt_len <= 1, 1, toUInt64(exp2(ceil(log2(t.prompt_len))))) AS prompt_len_le,
     count() AS requests,
-    sum(prompt_len + output_len) AS tokens,
-    sum(required_blocks) * {block_size:UInt32} - tokens AS tail_waste_tokens,
+    sum(t.prompt_len + t.output_len) AS tokens,
+    sum(toInt64(t.required_blocks) * c.block_size) - tokens AS tail_waste_tokens,
     round(tail_waste_tokens / requests, 2) AS avg_tail_waste_tokens,
-    round(tail_waste_tokens / (sum(required_blocks) * {block_size:UInt32}), 4) AS waste_ratio,
-    sum(allocated_blocks) * {block_size:UInt32} - tokens AS allocated_waste_tokens,
+    round(tail_waste_tokens / sum(toInt64(t.required_blocks) * c.block_size), 4) AS waste_ratio,
+    sum(toInt64(t.allocated_blocks) * c.block_size) - tokens AS allocated_waste_tokens,
     round(allocated_waste_tokens / requests, 2) AS avg_allocated_waste_tokens
-FROM request_traces
-WHERE allocated_blocks > 0
-  AND required_blocks > 0
-  AND ts >= now() - toIntervalDay({days:UInt32})
-  AND ({model:String} = '' OR model = {model:String})
-  AND ({engine:String} = '' OR engine = {engine:String})
-  AND ({server:String} = '' OR server = {server:String})
+FROM request_traces AS t
+ASOF INNER JOIN engine_configs AS c
+    ON t.model = c.model AND t.server = c.server AND t.engine = c.engine AND t.ts >= c.ts
+WHERE t.allocated_blocks > 0
+  AND t.required_blocks > 0
+  AND length(c.kv_group_kinds) = 1
+  AND c.block_size > 0
+  AND t.ts >= now() - toIntervalDay({days:UInt32})
+  AND ({model:String} = '' OR t.model = {model:String})
+  AND ({engine:String} = '' OR t.engine = {engine:String})
+  AND ({server:String} = '' OR t.server = {server:String})
 GROUP BY prompt_len_le
 ORDER BY prompt_len_le
