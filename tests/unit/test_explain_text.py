@@ -152,3 +152,16 @@ def test_the_waiting_line_says_which_blocks_were_compared() -> None:
                                                           64)))
     assert text[0].endswith("it could fit the pool as far as is known (no engine settings "
                             "stored to tell its full-attention groups)")
+
+
+def test_the_trace_line_says_its_blocks_count_every_group_whole() -> None:
+    """A hybrid's trace: 60 blocks summed over its groups at the whole sequence, where its
+    sliding-window groups held far fewer (24 at most in all). "60 blocks needed" read as
+    what vLLM needed."""
+    line = render_text._trace_line({"prompt_len": 900, "output_len": 60, "max_gen_len": 64,
+                                    "required_blocks": 60, "allocated_blocks": 24,
+                                    "finish_reason": "FINISHED_LENGTH_CAPPED",
+                                    "client_id": ""})
+    assert line == ("  prompt 900 tokens, output 60 of 64, 60 blocks at its full length in "
+                    "all its KV cache groups (24 held at most), FINISHED_LENGTH_CAPPED, "
+                    "client -")

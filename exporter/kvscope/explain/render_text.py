@@ -26,9 +26,7 @@ def engine_request(r: dict[str, Any]) -> list[str]:
     out = [f"engine request {r['request_id']} on {r['server'] or '-'} engine {r['engine']} "
            f"({r['model']})"]
     if t:
-        out.append(f"  prompt {t['prompt_len']} tokens, output {t['output_len']} of "
-                   f"{t['max_gen_len']}, {t['required_blocks']} blocks needed, "
-                   f"{t['finish_reason']}, client {t['client_id'] or '-'}")
+        out.append(_trace_line(t))
     out.append(f"  verdict: {r['verdict']}")
     out.append("  where the time went:")
     for k in ("waiting", "preempted", "recomputing", "running", "total"):
@@ -51,6 +49,16 @@ def engine_request(r: dict[str, Any]) -> list[str]:
     if "counterfactual" in r:
         out += counterfactual(r["counterfactual"])
     return out
+
+
+def _trace_line(t: dict[str, Any]) -> str:
+    """The trace's sizes. Its ``required_blocks`` count every KV cache group at the whole
+    sequence, which sliding-window and Mamba groups never hold: said as that, beside the
+    most blocks it held at once (what it took)."""
+    return (f"  prompt {t['prompt_len']} tokens, output {t['output_len']} of "
+            f"{t['max_gen_len']}, {plural(t['required_blocks'], 'block')} at its full length "
+            f"in all its KV cache groups ({t['allocated_blocks']} held at most), "
+            f"{t['finish_reason']}, client {t['client_id'] or '-'}")
 
 
 def counterfactual(cf: dict[str, Any]) -> list[str]:
