@@ -26,7 +26,9 @@ class RequestTrace:
     """max_tokens as the engine received it."""
     output_len: int
     required_blocks: int
-    """Blocks that hold prompt + output (all KV groups)."""
+    """cdiv(prompt + output, block_size) summed over every KV cache group: its blocks at the
+    full length where each group keeps every block (full attention does; sliding-window and
+    Mamba groups hold fewer: ``allocated_blocks`` is what it took)."""
     allocated_blocks: int
     """Most blocks the request held at once."""
     contiguous_allocated: bool
