@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 
 import pytest
 
@@ -96,6 +97,30 @@ def test_server_rate_alone_opens_the_circuit_and_keeps_probes_failing(
     h.server.preempt_rate = preempt_rate(0.01)
     h.complete()
     assert h.client.state().breaker.state == "closed"
+
+
+def test_preemptions_with_no_request_ended_are_not_said_as_a_rate(
+        make: MakeHarness, caplog: pytest.LogCaptureFixture) -> None:
+    """The sidecar's JSON has no infinity: preemptions in its window and no request ended
+    read preemption_rate 1.0 (kvscope.sidecar.http.pressure). The client opened its
+    circuit on it, rightly, but said "the server's 1.00 preemptions per ended request"."""
+    h = make(max_retries=0, client_kw={"preempt_rate_url": URL})
+    thrashing = sidecar_preempt_rate([], 60.0) | {"preemption_rate": 1.0, "preemptions": 25,
+                                                  "requests": 0, "recommendation": "shed"}
+    h.server.preempt_rate = thrashing
+    start = h.clock()
+    with caplog.at_level(logging.WARNING, logger="kvscope.client"):
+        for k in range(3):
+            h.clock.now = start + 60.0 * k + 1.0
+            h.complete()  # one call a window: the sidecar's answer makes the window bad
+        h.clock.now = start + 181.0
+        with pytest.raises(CircuitOpenError):
+            h.complete()
+    st = h.client.state()
+    assert st.breaker.state == "open" and st.server is not None
+    assert st.server.per_ended_request == math.inf and st.pressure == math.inf
+    assert "the server's preemptions and no request ended" in caplog.text, caplog.text
+    assert "1.00 preemptions per ended request" not in caplog.text
 
 
 def test_never_logs_prompts_messages_bodies_or_the_api_key(

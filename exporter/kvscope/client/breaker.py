@@ -228,4 +228,6 @@ class CircuitBreaker:
 def _per_request(rate: float) -> str:
     """The server's rate as what it is: preemptions per request ended in its window (it
     can pass 1), not a share of requests."""
+    if rate == math.inf:  # PreemptRateReading.per_ended_request: none ended
+        return "preemptions and no request ended"
     return f"{rate:.2f} preemptions per ended request"

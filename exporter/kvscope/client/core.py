@@ -165,7 +165,7 @@ class ClientCore:
         reading = self._fresh_reading()
         if reading is None or reading.evidence < self.config.min_samples:
             return None
-        return reading.preemption_rate
+        return reading.per_ended_request
 
     def _fresh_reading(self) -> PreemptRateReading | None:
         return None if self._polls is None else self._polls.current(self._clock())

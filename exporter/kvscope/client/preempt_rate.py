@@ -35,6 +35,15 @@ class PreemptRateReading:
     fetched_at: float
 
     @property
+    def per_ended_request(self) -> float:
+        """Preemptions per request ended in the window, as they are: infinite when
+        preemptions came and no request ended (the sidecar's JSON, having no infinity,
+        says 1.0 then)."""
+        if self.requests == 0 and self.preemptions > 0:
+            return math.inf
+        return self.preemption_rate
+
+    @property
     def evidence(self) -> int:
         """How many events the rate rests on (preemptions count when few requests ended)."""
         return max(self.requests, self.preemptions)
