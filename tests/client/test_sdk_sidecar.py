@@ -10,7 +10,7 @@ import pytest
 from kvscope.client import APIStatusError, CircuitOpenError
 from kvscope.client.preempt_rate import parse_reading
 from kvscope.sidecar.http.pressure import preempt_rate as sidecar_preempt_rate
-from tests.client.conftest import MakeHarness
+from tests.client.conftest import Harness, MakeHarness
 from tests.client.fakes import preempt_rate
 
 URL = "http://127.0.0.1:9477/health/preempt-rate"
@@ -79,10 +79,9 @@ def test_a_bad_sidecar_answer_is_ignored(make: MakeHarness, answer: object) -> N
     assert h.client.state().server is None and h.client.state().sidecar_poll_failures == 1
 
 
-def test_server_rate_alone_opens_the_circuit_and_keeps_probes_failing(
-        make: MakeHarness) -> None:
-    h = make(max_retries=0, client_kw={"preempt_rate_url": URL})
-    h.server.preempt_rate = preempt_rate(0.2)
+def open_on_the_server_rate(h: Harness) -> None:
+    """Three 60 s windows of one call each, made bad by the sidecar's answer alone; the
+    fourth call finds the circuit open."""
     start = h.clock()
     for k in range(3):
         h.clock.now = start + 60.0 * k + 1.0
@@ -90,6 +89,13 @@ def test_server_rate_alone_opens_the_circuit_and_keeps_probes_failing(
     h.clock.now = start + 181.0
     with pytest.raises(CircuitOpenError):
         h.complete()
+
+
+def test_server_rate_alone_opens_the_circuit_and_keeps_probes_failing(
+        make: MakeHarness) -> None:
+    h = make(max_retries=0, client_kw={"preempt_rate_url": URL})
+    h.server.preempt_rate = preempt_rate(0.2)
+    open_on_the_server_rate(h)
     h.clock.advance(1.0)
     h.complete()  # the probe is answered 200, but the server still reports 20 %
     assert h.client.state().breaker.state == "open"
@@ -108,14 +114,8 @@ def test_preemptions_with_no_request_ended_are_not_said_as_a_rate(
     thrashing = sidecar_preempt_rate([], 60.0) | {"preemption_rate": 1.0, "preemptions": 25,
                                                   "requests": 0, "recommendation": "shed"}
     h.server.preempt_rate = thrashing
-    start = h.clock()
     with caplog.at_level(logging.WARNING, logger="kvscope.client"):
-        for k in range(3):
-            h.clock.now = start + 60.0 * k + 1.0
-            h.complete()  # one call a window: the sidecar's answer makes the window bad
-        h.clock.now = start + 181.0
-        with pytest.raises(CircuitOpenError):
-            h.complete()
+        open_on_the_server_rate(h)
     st = h.client.state()
     assert st.breaker.state == "open" and st.server is not None
     assert st.server.per_ended_request == math.inf and st.pressure == math.inf

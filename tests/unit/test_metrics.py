@@ -99,14 +99,21 @@ def test_exposition_has_help_for_every_family() -> None:
     assert helps and all(len(h.split(" ", 3)) == 4 for h in helps)
 
 
-def test_hybrid_groups_report_tail_waste_and_blocks_per_group() -> None:
-    """Full attention (group 0) and a sliding window (group 1) of 32-token blocks; the
-    window released block 3, now a null placeholder of the request's group-1 table."""
-    groups = [wire.KVGroup("FullAttentionSpec", 32), wire.KVGroup("SlidingWindowSpec", 32)]
+def empty_pool_of(groups: list[wire.KVGroup]) -> Hub:
+    """A hub holding one engine of these KV cache groups, its 8-block pool free (block 0
+    null), after a keyframe."""
     h = hello(kv_groups=groups)
     kf = wire.Keyframe(hello=h, states=bytes([3] + [0] * 7), tables={}, tokens={})
     hub = Hub()
     feed(hub, [h, step(), kf], 0)
+    return hub
+
+
+def test_hybrid_groups_report_tail_waste_and_blocks_per_group() -> None:
+    """Full attention (group 0) and a sliding window (group 1) of 32-token blocks; the
+    window released block 3, now a null placeholder of the request's group-1 table."""
+    hub = empty_pool_of([wire.KVGroup("FullAttentionSpec", 32),
+                         wire.KVGroup("SlidingWindowSpec", 32)])
     admit = step(ops=[(wire.OP_ALLOC, [1, 2, 3, 4])], free_blocks=3, running=1,
                  new_reqs=[wire.NewReq("a", [[1, 2], [3, 4]], 0)], num_scheduled={"a": 64})
     slide = step(ops=[(wire.OP_FREE, [3]), (wire.OP_ALLOC, [5, 6])], free_blocks=2, running=1,
@@ -132,11 +139,7 @@ def test_a_mamba_groups_state_blocks_hold_no_token_slots() -> None:
     caching its block size is ``max_model_len`` (1024 here) and each request holds one
     such block. Counting ``1024 - tokens`` unfilled slots in it reported a waste that does
     not exist and drove the occupancy ratio below zero."""
-    groups = [wire.KVGroup("MambaSpec", 1024), wire.KVGroup("FullAttentionSpec", 32)]
-    h = hello(kv_groups=groups)
-    kf = wire.Keyframe(hello=h, states=bytes([3] + [0] * 7), tables={}, tokens={})
-    hub = Hub()
-    feed(hub, [h, step(), kf], 0)
+    hub = empty_pool_of([wire.KVGroup("MambaSpec", 1024), wire.KVGroup("FullAttentionSpec", 32)])
     admit = step(ops=[(wire.OP_ALLOC, [1, 2, 3, 4])], free_blocks=3, running=1,
                  new_reqs=[wire.NewReq("a", [[4], [1, 2, 3]], 0)], num_scheduled={"a": 65})
     feed(hub, [admit], 3)
