@@ -10,7 +10,8 @@ import pytest
 from kvscope import cli
 from kvscope.models import kv_layout
 from kvscope.twin import TwinConfig
-from kvscope.twin.scheduler import build_scheduler
+from kvscope.twin.kv_layout import group_kind
+from kvscope.twin.scheduler import build_scheduler, model_fields
 
 pytestmark = pytest.mark.twin
 
@@ -41,3 +42,31 @@ def test_the_scheduler_takes_the_models_context() -> None:
     assert s.vllm_config.model_config.max_model_len == 32768
     kinds = {type(g.kv_cache_spec).__name__ for g in s.kv_cache_config.kv_cache_groups}
     assert kinds == {"FullAttentionSpec", "SlidingWindowSpec"}
+
+
+@pytest.mark.parametrize(("name", "layers", "groups"), [
+    ("Gemma-3-12B", None, ("sliding",) * 5 + ("full",)),
+    ("alternating", ("sliding", "full") * 12, ("sliding", "full")),
+])
+def test_a_hybrid_models_kv_cache_groups_are_the_ones_vllm_makes_of_its_layers(
+        name: str, layers: tuple[str, ...] | None, groups: tuple[str, ...]) -> None:
+    """vLLM makes one KV cache group per layer of a model's repeating pattern
+    (kv_cache_utils: 40 sliding-window and 8 full layers are 6 groups), and each request
+    holds blocks in every group. ``--model`` used the twin's stand-in (two sliding, one
+    full) for every such model."""
+    if layers is None:
+        model = kv_layout.load(name)
+    else:
+        model = kv_layout.from_config(name, {
+            "num_hidden_layers": len(layers), "num_attention_heads": 8, "hidden_size": 512,
+            "sliding_window": 128, "max_position_embeddings": 8192,
+            "layer_types": [f"{k}_attention" for k in layers]})
+    fields = model_fields(model)
+    assert fields["groups"] == groups
+    # vLLM's planner over every layer of the model makes the same groups the twin builds
+    whole = build_scheduler(TwinConfig(num_blocks=4000, block_size=16,
+                                       **{**fields, "groups": model.layer_kinds}))
+    twin = build_scheduler(TwinConfig(num_blocks=4000, block_size=16, **fields))
+    for s in (whole, twin):
+        assert tuple(group_kind(g.kv_cache_spec)
+                     for g in s.kv_cache_config.kv_cache_groups) == groups

@@ -52,3 +52,35 @@ def test_max_model_len_is_bounded_by_the_models_context() -> None:
     (err,) = TwinConfig(max_model_len=40000, num_blocks=1300,
                         max_position_embeddings=32768).validate()
     assert "between 1 and 32768 (the model's max_position_embeddings)" in err
+
+
+def test_each_layer_is_laid_out_as_the_config_states_it() -> None:
+    """Gemma 3 states a pattern (layer i is full where i + 1 is a multiple of 6, as
+    transformers builds its layer_types); newer configs list each layer."""
+    g = kv_layout.load("Gemma-3-12B")
+    assert len(g.layer_kinds) == 48
+    assert [i for i, k in enumerate(g.layer_kinds) if k == "full"] == list(range(5, 48, 6))
+    alternating = kv_layout.from_config("alternating", {
+        "num_hidden_layers": 4, "num_attention_heads": 8, "hidden_size": 512,
+        "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 2})
+    assert alternating.layer_kinds == ("sliding", "full", "sliding", "full")
+    assert kv_layout.load("Llama-3-8B").layer_kinds == ("full",) * 32
+
+
+@pytest.mark.parametrize(("extra", "named"), [
+    ({"hybrid_override_pattern": "M-M*-M-"}, "Mamba"),
+    ({"attn_layer_period": 8, "attn_layer_offset": 4}, "Mamba"),
+    ({"kv_lora_rank": 512}, "multi-head latent attention"),
+    ({"attention_chunk_size": 8192}, "chunked local attention"),
+    ({"layer_types": ["linear_attention", "full_attention"] * 2}, "linear_attention"),
+])
+def test_layers_that_are_not_full_or_sliding_attention_are_refused(
+        tmp_path: Path, extra: dict[str, object], named: str) -> None:
+    """Sized as full attention (2 x kv_heads x head_dim per token in every layer), a Mamba
+    or MLA model's pool was off several times over, silently."""
+    cfg = {"num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
+           "hidden_size": 512, "max_position_embeddings": 4096, **extra}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=named) as err:
+        kv_layout.load(str(tmp_path))
+    assert "cannot lay out" in str(err.value)

@@ -53,8 +53,9 @@ def add_counterfactual(client: Any, got: dict[str, Any], args: argparse.Namespac
     """Each engine request's counterfactual under ``args`` (kept in the answer)."""
     from kvscope.explain.counterfactual import counterfactual
     from kvscope.models.kv_layout import load
+    from kvscope.twin.scheduler import model_fields
 
-    model = load(args.model).twin_fields() if args.model else None
+    model = model_fields(load(args.model)) if args.model else None
     for r in got["engine_requests"]:
         ev = r["timeline"]
         r["counterfactual"] = counterfactual(

@@ -72,7 +72,7 @@ class TwinConfig:
 
     groups: tuple[str, ...] = ()
     """The KV cache groups of a served model, one kind each (``full``, ``sliding``,
-    ``mamba``) in vLLM's order, when they are not the layout's stand-in model's (a Gemma 3
+    ``mamba``) in vLLM's order, when they are not the layout's stand-in model's (a Gemma 3 12B
     of five sliding-window groups and one full one): the twin builds one layer per group,
     which vLLM's planner groups back into exactly these. Empty: the layout's stand-in.
     Read from an engine's hello by ``kvscope.whatif.engine_settings``."""

@@ -72,6 +72,17 @@ def layer_specs(cfg: TwinConfig, config: VllmConfig) -> dict[str, KVCacheSpec]:
     return specs
 
 
+def group_kind(spec: KVCacheSpec) -> str:
+    """The twin's kind (``full``, ``sliding``, ``mamba``) of a KV cache group's spec."""
+    if isinstance(spec, SlidingWindowSpec):
+        return "sliding"
+    if isinstance(spec, MambaSpec):
+        return "mamba"
+    if isinstance(spec, FullAttentionSpec):
+        return "full"
+    raise ValueError(f"a KV cache group of {type(spec).__name__}, which the twin does not build")
+
+
 def _mamba_spec(attention: dict[str, object], config: VllmConfig) -> MambaSpec:
     """A Mamba layer whose state page is exactly one attention page, as vLLM pads pages
     of a hybrid model to be equal (a block of the shared pool holds either)."""

@@ -8,6 +8,7 @@ block hasher. Only the model is missing; ``kvscope.twin.engine`` plays its part.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from kvscope.models.config import (
     default_cache_dir,
     write_llama_config,
 )
+from kvscope.models.kv_layout import KvModel
 from kvscope.twin._vllm import (
     AsyncScheduler,
     CacheConfig,
@@ -33,7 +35,7 @@ from kvscope.twin._vllm import (
     resolve_kv_cache_block_sizes,
 )
 from kvscope.twin.config import TwinConfig
-from kvscope.twin.kv_layout import kv_cache_config
+from kvscope.twin.kv_layout import group_kind, kv_cache_config
 
 MODEL_CONFIG_DIR = "tiny-llama-config"
 """Directory under the cache dir holding only the tiny Llama's config.json."""
@@ -125,6 +127,30 @@ def build_scheduler(
         hash_block_size=hash_block_size,
         log_stats=True,  # a server's default: keeps per-request events and prefix-cache stats
     )
+
+
+def planned_groups(cfg: TwinConfig, layers: tuple[str, ...]) -> tuple[str, ...]:
+    """The KV cache groups vLLM's planner makes of a model whose layers are ``layers``
+    (one kind each, in layer order), one kind per group: one layer of each kind per group,
+    the groups as many as the pattern needs (a Gemma 3 12B of 40 sliding-window and 8
+    full layers: 5 + 1; 1:1 interleaved layers: 1 + 1). The pool only has to pass vLLM's
+    start-up check; the grouping does not depend on its size."""
+    whole = replace(cfg, groups=layers,
+                    num_blocks=len(layers) * -(-cfg.max_model_len // cfg.block_size) + 1)
+    kv = kv_cache_config(whole, vllm_config(whole))
+    return tuple(group_kind(g.kv_cache_spec) for g in kv.kv_cache_groups)
+
+
+def model_fields(model: KvModel) -> dict[str, Any]:
+    """The TwinConfig fields of a served model: ``KvModel.twin_fields`` and, for a model
+    whose layers mix kinds, the KV cache groups vLLM makes of them (``planned_groups``,
+    which no other setting changes)."""
+    fields = model.twin_fields()
+    if len(set(model.layer_kinds)) > 1:
+        base = replace(TwinConfig(), **fields,
+                       max_model_len=min(TwinConfig.max_model_len, model.max_position_embeddings))
+        fields["groups"] = planned_groups(base, model.layer_kinds)
+    return fields
 
 
 def request_block_hasher(scheduler: Scheduler) -> Callable[[Request], list[Any]] | None:

@@ -49,7 +49,8 @@ _AXIS_HELP = {
     "prefix_caching": "on or off (default on)",
     "layout": f"the model's KV layout: {', '.join(LAYOUTS)} (default full)",
     "groups": "the model's KV cache groups when not the layout's stand-in's, e.g. "
-              "sliding*5+full (a Gemma 3); as kvscope query engine_settings lists them",
+              "sliding*5+full (a Gemma 3 12B); as kvscope query engine_settings lists "
+              "them; --model works them out from its layers",
     "sliding_window": "tokens a sliding-window layer attends to (default 128)",
     "async_scheduling": "on: vLLM's AsyncScheduler, one step in flight (default off)",
     "spec_tokens": "draft tokens per step of a draft-model speculator (default 0)",
@@ -70,10 +71,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="KV bytes per token for --kv-bytes "
                    f"(default {tiny_model_bytes_per_token()}, the tiny test model)")
     s.add_argument("--model", metavar="NAME|PATH",
-                   help="the served model's KV layout and context: a model directory or its "
-                        "config.json (no weights read), or a known model (kvscope.models."
-                        "known: Llama-3-8B, Mistral-7B-v0.1, Qwen2.5-7B, Gemma-3-12B, ...); "
-                        "also the default --bytes-per-token")
+                   help="the served model's KV layout (vLLM's KV cache groups of its "
+                        "layers) and context (the bound of --max-model-len): a model "
+                        "directory or its config.json (no weights read), or a known model "
+                        "(kvscope.models.known: Llama-3-8B, Mistral-7B-v0.1, Qwen2.5-7B, "
+                        "Gemma-3-12B, ...); also the default --bytes-per-token; full-attention "
+                        "and sliding-window layers only")
     s.add_argument("--max-model-len", type=int, default=1024, metavar="N",
                    help="longest prompt + output, every setting (1024)")
     w = p.add_argument_group("workload (a synthetic mix, or --replay)")

@@ -8,7 +8,7 @@ speculative tokens come across as they are, and so do the KV cache groups, group
 the twin builds one stand-in layer per group (``TwinConfig.groups``) where the engine's
 groups are not a layout's own stand-in's, and vLLM's planner groups those layers back into
 exactly the engine's groups (it makes the least numerous kind of layer one group, so a
-layer per group is a group per layer: a Gemma 3's five sliding-window groups and one full
+layer per group is a group per layer: a Gemma 3 12B's five sliding-window groups and one full
 group stay six tables a request). What the twin cannot build is refused with the reason,
 never matched to the nearest: a kind of group it has no stand-in for (MLA, chunked local
 attention, ...), groups of several block sizes or sliding windows, or a grouping vLLM's

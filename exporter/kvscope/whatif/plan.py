@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvscope.models.kv_layout import load as load_model
+from kvscope.twin.scheduler import model_fields as twin_model_fields
 from kvscope.twin.workload import TwinRequest, WorkloadSpec, generate
 from kvscope.whatif.recorded import OUTCOME_KEYS, has_outcomes
 from kvscope.whatif.replay import ReplayError, load
@@ -119,7 +120,9 @@ def _baseline(args: argparse.Namespace, work: Plan | None, bpt: int,
 def model_fields(args: argparse.Namespace) -> dict[str, Any] | None:
     """The TwinConfig fields of ``--model`` (after ``plan`` loaded it), else None."""
     model = getattr(args, "model_layout", None)
-    return model.twin_fields() if model else None
+    if not model:
+        return None
+    return twin_model_fields(model)
 
 
 def plan(args: argparse.Namespace) -> tuple[Plan | None, list[str]]:

@@ -67,7 +67,7 @@ Row = tuple[str, Callable[[dict[str, Any]], str]]
 ROWS: list[Row] = [
     ("block size (tokens)", lambda r: str(r["block_size"])),
     ("pool blocks (null block included)", lambda r: str(r["num_blocks"])),
-    ("usable KV tokens", lambda r: str(r["usable_kv_tokens"])),
+    ("pool token slots (usable blocks x block size)", lambda r: str(r["usable_kv_tokens"])),
     ("max seqs", lambda r: str(r["max_num_seqs"])),
     ("token budget per step", lambda r: str(r["max_num_batched_tokens"])),
     ("policy", lambda r: r["policy"]),
