@@ -11,7 +11,8 @@ connection). Both ends derive their CURVE key pairs from one shared secret, so a
 sets one value: ``KVSCOPE_PROBE_SECRET`` or a file named by ``KVSCOPE_PROBE_SECRET_FILE``
 (at least 24 characters; ``openssl rand -hex 32`` makes one). The sidecar accepts only the
 client key derived from its secret. ``ipc://`` endpoints carry no CURVE: the socket file's
-permissions decide who may connect (the sidecar makes it 0600 in a 0700 directory). The
+permissions decide who may connect (the sidecar makes it 0600 in a 0700 directory, and
+refuses a directory another user could replace it in). The
 secret and the keys are never logged.
 """
 

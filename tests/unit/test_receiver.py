@@ -21,7 +21,7 @@ import zmq
 
 from kvscope.localvllm.server import free_port
 from kvscope.sidecar.ingest import receiver as receiver_module
-from kvscope.sidecar.ingest.receiver import FrameQueue, Receiver
+from kvscope.sidecar.ingest.receiver import FrameQueue, Receiver, socket_dir_problem
 from kvscope.state.hub import Hub
 from kvscope_probe import transport, wire
 from tests.unit.test_wire import hello, step
@@ -177,6 +177,38 @@ def test_ipc_endpoints_are_private_to_this_user(tmp_path: Path) -> None:
     finally:
         rx.start()
         rx.stop()
+
+
+def test_a_socket_directory_others_may_write_to_is_refused(tmp_path: Path) -> None:
+    """mkdir(exist_ok=True, mode=0o700) keeps an existing directory as it is: a
+    /tmp/kvscope-<uid> someone else made first, or one open to all, let another user
+    replace the socket and read what the probe sends."""
+    me = os.geteuid()
+    if me:  # a directory of this user that others may write to (root's are trusted)
+        shared = tmp_path / "shared"
+        shared.mkdir()
+        shared.chmod(0o777)
+        with pytest.raises(ValueError, match=r"others may write to it \(mode 0777\)"):
+            Receiver(Hub(), [f"ipc://{shared}/probe.sock"]).bind()
+        assert not (shared / "probe.sock").exists()
+    else:  # root: one another user owns
+        theirs = tmp_path / "theirs"
+        theirs.mkdir(mode=0o700)
+        os.chown(theirs, 12345, 12345)
+        with pytest.raises(ValueError, match="it belongs to uid 12345"):
+            Receiver(Hub(), [f"ipc://{theirs}/probe.sock"]).bind()
+        assert not (theirs / "probe.sock").exists()
+    other = me + 1 if me else 12345
+    assert socket_dir_problem(other, stat.S_IFDIR | 0o700, me) == (
+        f"it belongs to uid {other}, who could replace the socket")
+    assert socket_dir_problem(other, stat.S_IFLNK | 0o777, me) is not None  # their link
+    assert socket_dir_problem(me, stat.S_IFDIR | 0o700, me) is None
+    assert socket_dir_problem(me, stat.S_IFDIR | 0o755, me) is None
+    assert socket_dir_problem(me, stat.S_IFLNK | 0o777, me) is None  # a link's own mode
+    assert socket_dir_problem(0, stat.S_IFDIR | 0o1777, me) is None  # /tmp
+    assert socket_dir_problem(0, stat.S_IFDIR | 0o777, me) is None  # a pod's emptyDir
+    assert socket_dir_problem(4242, stat.S_IFDIR | 0o777, 4242) == (
+        "others may write to it (mode 0777) and could replace the socket; make it 0700")
 
 
 def test_a_receiver_never_started_leaves_nothing_that_hangs_its_process(

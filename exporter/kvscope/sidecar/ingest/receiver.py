@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import threading
 import time
 from collections import deque
@@ -51,10 +52,34 @@ answers the ZAP requests waiting, up to 64 (``CurveGate.handle``)."""
 
 
 def prepare_endpoint(endpoint: str) -> None:
-    """Create the directory of an ipc:// endpoint, private to this user."""
+    """Create the directory of an ipc:// endpoint, private to this user; refuse one that
+    exists and lets another user replace the socket (``socket_dir_problem``)."""
     if endpoint.startswith("ipc://"):
         path = Path(endpoint[len("ipc://"):])
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        me = os.geteuid()
+        for st in (path.parent.lstat(), path.parent.stat()):  # a link, then what it names
+            problem = socket_dir_problem(st.st_uid, st.st_mode, me)
+            if problem is not None:
+                raise ValueError(f"probe endpoint {endpoint}: its directory {path.parent} "
+                                 f"cannot hold the socket: {problem}")
+
+
+def socket_dir_problem(uid: int, mode: int, me: int) -> str | None:
+    """Why a directory (or a link to one) of owner ``uid`` and ``mode`` cannot hold the
+    probe's socket for user ``me``, or None. Whoever may write in it can replace the socket
+    and read what the probe sends: its owner, and those its mode lets write. Trusted: this
+    user's own, written by no one else, and root's (``/run``, ``/tmp``, a pod's emptyDir);
+    a directory another user made first (``/tmp/kvscope-<uid>`` created by someone else)
+    is refused."""
+    if uid == 0:
+        return None
+    if uid != me:
+        return f"it belongs to uid {uid}, who could replace the socket"
+    if not stat.S_ISLNK(mode) and mode & 0o022:
+        return (f"others may write to it (mode {stat.S_IMODE(mode):04o}) and could replace "
+                "the socket; make it 0700")
+    return None
 
 
 class FrameQueue:
