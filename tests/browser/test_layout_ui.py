@@ -4,6 +4,7 @@ hovering a block names its owner, and a bearer token given as ?token= works."""
 from __future__ import annotations
 
 import io
+import re
 import time
 from typing import Any
 
@@ -133,6 +134,18 @@ def test_a_token_in_the_page_url_is_sent_with_every_fetch(serve: Any, page: Any)
     open_ui(page, f"{srv.url}/ui?token=s3cret", wait_s=30)
     assert page.evaluate("window.kvscope.draws") > 0
     assert page.locator("#status").inner_text().startswith("live")
+    # The sparklines are titled by their points' own span ("Last 10 minutes" was true
+    # only at one sample a second, 600 of them)
+    title = page.locator("#spark-title").text_content() or ""
+    m = re.fullmatch(r"Last (\d+) (s|min)", title)
+    assert m, title
+    (engine,) = httpx.get(f"{srv.url}/api/layout", params={"history_points": 600},
+                          headers={"Authorization": "Bearer s3cret"},
+                          timeout=5).json()["engines"]
+    ts = engine["history"]["ts"]
+    shown, unit = int(m[1]), 60 if m[2] == "min" else 1
+    # the page read its points a poll earlier (a poll under CI load took seconds)
+    assert ts[-1] - ts[0] - 10 - unit <= shown * unit <= ts[-1] - ts[0] + unit
 
 
 def test_dump_of_the_busy_twin_validates_and_draws(serve: Any) -> None:

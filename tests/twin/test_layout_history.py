@@ -10,11 +10,13 @@ import time
 from pathlib import Path
 
 import httpx
+import jsonschema
 import pytest
 
 from kvscope.localvllm.server import free_port
 from kvscope.twin import TwinConfig, WorkloadSpec, generate
 from kvscope_probe import plugin
+from tests.unit.test_layout_api import SCHEMA
 
 pytestmark = pytest.mark.twin
 
@@ -52,6 +54,11 @@ def test_history_older_than_memory_is_read_from_clickhouse(tmp_path: Path) -> No
         assert old["source"] == "clickhouse"
         assert len(old["snapshots"]) >= 3
         assert old["snapshots"][0]["step"] == mem["snapshots"][0]["step"]  # same first sample
+        # both answers are what the schema says, the one read from ClickHouse included
+        # (it stores no owner's tokens or shared blocks, nor the step's time)
+        for answer in (mem, old):
+            jsonschema.validate(answer, {**SCHEMA, "$ref": "#/$defs/history_response"})
+        assert {o["tokens"] for s in old["snapshots"] for o in s["owners"]} == {-1}
         first = old["snapshots"][-1]
         assert first["num_blocks"] == 48
         assert sum(run[3] for run in first["runs"]) == 48  # runs cover every block
