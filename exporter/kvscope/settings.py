@@ -114,7 +114,7 @@ SETTINGS: tuple[Setting, ...] = (
             "pool once in 5 min"),
     Setting("layout_history_bytes", "KVSCOPE_LAYOUT_HISTORY_BYTES", "--layout-history-bytes",
             int, 64 << 20, "64 MiB",
-            "layout samples held in memory per engine for the live page and `/layout` (at "
+            "layout samples held in memory per engine for `/api/layout/history` (at "
             "most 600 of them): the history fills in the first minutes and then holds this "
             "much per engine; at least 1 MiB"),
     Setting("loki_url", "KVSCOPE_LOKI_URL", "--loki-url", str, None, "none",

@@ -61,7 +61,7 @@ class DashStack:
 
     def start(self) -> None:
         prom_cfg = self.write_config()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "VLLM_USAGE_STATS_ENABLED": "0",
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "VLLM_NO_USAGE_STATS": "1",
                "DO_NOT_TRACK": "1"}
         # The twin is no API server: name its server as a deployment would.
         self._start("feeder", [sys.executable, "-m", "tests.stack.dashfeed", "feed",

@@ -119,7 +119,7 @@ class Stack:
 
     def start(self) -> None:
         prom_cfg, am_cfg = self.write_configs()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "VLLM_USAGE_STATS_ENABLED": "0",
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "VLLM_NO_USAGE_STATS": "1",
                "DO_NOT_TRACK": "1"}
         t, p = self.tmp, self.ports
         self._start("twin feeder", [sys.executable, "-m", "tests.stack.promstack", "feed",

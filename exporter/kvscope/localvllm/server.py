@@ -36,7 +36,7 @@ NICE_ENV = "KVSCOPE_VLLM_NICE"
 # vLLM phones home and the HF libraries try the network unless told not to; this
 # machine has no network for them anyway, so fail fast instead of retrying.
 QUIET_ENV: dict[str, str] = {
-    "VLLM_USAGE_STATS_ENABLED": "0",
+    "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",

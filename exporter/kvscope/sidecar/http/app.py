@@ -3,7 +3,8 @@
 
 /healthz is liveness (the sidecar itself works); /readyz is readiness (a probe is
 connected and none is silent), with each engine's state. Both are open without the token,
-for probes; /readyz names the engines and their states, nothing more.
+for probes; /readyz lists each engine's identity (key, server, engine, model, PID,
+session) and presence (state, ages, heartbeats), no figure and no request.
 """
 
 from __future__ import annotations
