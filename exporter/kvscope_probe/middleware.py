@@ -51,10 +51,25 @@ def sha256_hex(data: bytes) -> str:
 
 
 def request_key(request_id: str) -> str:
-    """The bounded form of a request ID that start events carry and joins use."""
-    if len(request_id) <= MAX_REQUEST_ID:
+    """The bounded form of a request ID that start events carry and joins use: its
+    SHA-256 when it is long, or holds what UTF-8 cannot encode (a lone surrogate from a
+    JSON body), which would fail the whole batch it is sent in."""
+    if len(request_id) <= MAX_REQUEST_ID and _utf8(request_id):
         return request_id
     return "sha256:" + sha256_hex(request_id.encode("utf-8", "surrogatepass"))
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _sendable(text: str) -> str:
+    """``text`` with what UTF-8 cannot encode replaced (``?``)."""
+    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def prompt_digest(endpoint: str, body: dict[str, Any]) -> tuple[str, int]:
@@ -65,7 +80,8 @@ def prompt_digest(endpoint: str, body: dict[str, Any]) -> tuple[str, int]:
     else:
         part = body.get("prompt")
     text = json.dumps(part, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return sha256_hex(text.encode()), len(text)
+    # surrogatepass: JSON may carry a lone surrogate, which a strict encode refuses
+    return sha256_hex(text.encode("utf-8", "surrogatepass")), len(text)
 
 
 def caller_request_id(headers: list[tuple[bytes, bytes]], body: dict[str, Any]) -> str | None:
@@ -173,7 +189,7 @@ class KVScopeMiddleware:
             assert self.emitter is not None
             self.emitter.emit(wire.ClientStart(
                 request_id=call.request_id, ts=time.time(), endpoint=endpoint,
-                model=str(data.get("model", ""))[:128],
+                model=_sendable(str(data.get("model", ""))[:128]),
                 client_id=headers.get(self.header, b"").decode(errors="replace")[:128],
                 user_agent=headers.get(b"user-agent", b"").decode(errors="replace")[:200],
                 api_key_sha256=sha256_hex(key) if key else "",
@@ -195,9 +211,13 @@ class KVScopeMiddleware:
             self._error(exc)
 
     def _error(self, exc: BaseException) -> None:
+        """Count a contained error; log the first by its type only: an exception's
+        message may quote the request's body (a UnicodeEncodeError holds the whole
+        string it failed on, the prompt)."""
         self.errors += 1
         if self.errors == 1:
-            log.warning("kvscope middleware: contained an error: %r", exc)
+            log.warning("kvscope middleware: contained an error (%s); counted, not logged "
+                         "again", type(exc).__name__)
 
 
 class _Call:

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from pathlib import Path
 
+import pytest
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
 from kvscope.sidecar.ingest.receiver import Receiver
 from kvscope.state.hub import Hub
 from kvscope_probe import wire
-from kvscope_probe.middleware import MAX_REQUEST_ID, KVScopeMiddleware, prompt_digest
+from kvscope_probe.middleware import (
+    MAX_REQUEST_ID,
+    KVScopeMiddleware,
+    prompt_digest,
+    request_key,
+)
 
 SECRET_PROMPT = "canary-7f3e the quick brown fox"
 
@@ -105,6 +112,28 @@ def test_requests_are_tagged_and_reported_without_prompt_text(tmp_path: Path) ->
         assert chat.endpoint == "chat" and chat.request_id.startswith("kvs")
         assert e.status == 200 and e.duration_s >= 0 and e.request_id == rid
         assert SECRET_PROMPT not in repr(listening.got) and "sk-123" not in repr(listening.got)
+
+
+def test_a_prompt_that_is_no_utf8_is_hashed_and_never_logged(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """JSON may carry a lone surrogate (\\ud800), which json.loads accepts and a strict
+    UTF-8 encode refuses: the digest failed, and the contained error's repr, logged once,
+    held the whole prompt. A model name or request ID of the kind failed the emitter's
+    whole batch of up to 256 events."""
+    body = ('{"model": "tiny\\udc80", "prompt": "' + SECRET_PROMPT
+            + ' \\ud800", "max_tokens": 4}').encode()
+    with Listening(tmp_path) as listening, caplog.at_level(logging.DEBUG):
+        client = listening.client()
+        r = client.post("/v1/completions", content=body,
+                        headers={"content-type": "application/json"})
+        assert r.status_code == 200
+        client.post("/v1/completions", json={"model": "tiny", "prompt": "next"})
+        assert SECRET_PROMPT not in caplog.text
+        (odd, _), (nxt, _) = listening.calls(2)
+    assert odd.prompt_sha256 and odd.prompt_chars == len(SECRET_PROMPT) + 4
+    assert odd.model == "tiny?" and nxt.model == "tiny"
+    assert request_key("r\ud800").startswith("sha256:")  # sendable, and still one key
+    assert middleware_of(client.app).errors == 0  # type: ignore[arg-type]
 
 
 def test_a_callers_request_id_is_kept_as_vllm_would_read_it(tmp_path: Path) -> None:
