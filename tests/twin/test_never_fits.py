@@ -84,6 +84,19 @@ def test_with_the_budget_spent_the_head_is_held_by_the_budget_before_the_pool() 
     assert {d.reason for d in blocked} == {"token_budget"}
 
 
+def test_with_the_seats_full_and_the_budget_spent_the_budget_is_met_first() -> None:
+    # the same prefill with one seat: both limits hold in every step, and vLLM's waiting
+    # loop tests its budget (while token_budget > 0) before its seats (num_running >=
+    # max_num_active_reqs, inside the loop): more seats would admit nothing
+    cfg = TwinConfig(num_blocks=64, max_num_seqs=1, max_num_batched_tokens=32,
+                     max_model_len=1600)
+    requests = [req("long", 1400, 8, token=1), req("next", 900, 8, step=1, token=2)]
+    decisions, _ = run(cfg, requests)
+    blocked = [d for d in decisions if d.decision == "admission_blocked"]
+    assert blocked and all(d.blocks_needed > d.free_blocks for d in blocked)
+    assert {d.reason for d in blocked} == {"token_budget"}
+
+
 def test_a_hybrid_head_over_the_summed_bound_still_fits_and_is_not_never_fits() -> None:
     # full+sliding over one pool of 44 blocks (43 usable; the fewest vLLM accepts for
     # max_model_len 1024 with a 32-token window and a 64-token budget). A 1000-token prompt:

@@ -40,19 +40,20 @@ class Second:
 
 def admission_limit(st: EngineState, s: wire.Step) -> str:
     """What stopped vLLM's waiting loop first in a step that admitted nothing, in the order
-    it checks (vLLM 0.32 ``Scheduler.schedule``): ``preempted`` (a step that preempted
-    admits nothing), ``max_num_seqs`` (as many running as ``--max-num-seqs``),
-    ``token_budget`` (the running requests took the step's whole budget), else
-    ``kv_blocks``: none of these held, and the pool lacks the blocks the head needs. Only
-    called while the head needs more blocks than are free, so the pool lacks them whichever
-    limit came first. Limits the step does not carry are not told apart from the pool's
+    it checks (vLLM 0.32 ``Scheduler.schedule``: ``if not preempted_reqs``, then ``while
+    token_budget > 0``, then ``num_running >= max_num_active_reqs`` inside the loop):
+    ``preempted`` (a step that preempted admits nothing), ``token_budget`` (the running
+    requests took the step's whole budget), ``max_num_seqs`` (as many running as
+    ``--max-num-seqs``), else ``kv_blocks``: none of these held, and the pool lacks the
+    blocks the head needs. Only called while the head's upper bound exceeds the free
+    blocks. Limits the step does not carry are not told apart from the pool's
     (``--max-num-active-seqs`` below ``--max-num-seqs``, LoRA slots)."""
     if s.preemptions or s.preempted:
         return "preempted"
-    if s.running >= st.hello.max_num_seqs:
-        return "max_num_seqs"
     if s.scheduled_tokens >= s.token_budget:
         return "token_budget"
+    if s.running >= st.hello.max_num_seqs:
+        return "max_num_seqs"
     return "kv_blocks"
 
 
