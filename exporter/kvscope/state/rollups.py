@@ -78,7 +78,9 @@ class Rollups:
         if self._never_fits(st, s):
             return
         led = st.ledger
-        blocked = (s.waiting > 0 and not s.new_reqs and led.synced
+        # admitted: new requests, and preempted ones taken back from the waiting queue
+        # (vLLM 0.32 lists those in resumed_req_ids, not among the new ones)
+        blocked = (s.waiting > 0 and not s.new_reqs and not s.resumed and led.synced
                    and s.head_blocks_needed > led.free)
         if not blocked:
             self.blocked_since.pop(st.key, None)
