@@ -1,6 +1,7 @@
 """Fleet recording rules: the engine rules summed per model, per vLLM server and fleet-wide.
 
-A fleet dashboard reads these few hundred series instead of every engine's; the alerts keep
+A fleet dashboard reads these (twelve per model, per server and for the fleet) instead of
+every engine's; they read three rules of the ``kvscope.rules`` group; the alerts keep
 reading the ``engine:`` series, so a page still names one engine. Each level is named for
 the labels it keeps (``model:``, ``server:``, ``fleet:`` for none), plus ``_reason`` or
 ``_state`` where that label stays. Ratios are sums over sums, never means of ratios: a

@@ -49,15 +49,15 @@ def build(cfg: Config) -> p.Board:
         p.graph("Admissions blocked",
                 "Nothing was admitted while requests waited and the head's upper bound on "
                 "blocks exceeded the free ones (one line per episode, repeated every 10 s; its "
-                "reason is the limit vLLM's waiting loop met first: preempted, max_num_seqs, "
-                "token_budget or kv_blocks). "
+                "reason is the limit vLLM's waiting loop met first: preempted, token_budget, "
+                "max_num_seqs or kv_blocks). "
                 "loki/queries.logql: admissions_blocked.",
-                p.loki_q(logql("admissions_blocked"), ID), w=8),
+                p.loki_q(logql("admissions_blocked"), ID + " {{reason}}"), w=8),
         p.graph("Tokens thrown away by preemptions (1h)",
-                "Computed tokens discarded per engine over the last hour (computed again on "
-                "resume, but for what the prefix cache still holds then). "
-                "loki/queries.logql: recomputed_tokens.",
-                p.loki_q(logql("recomputed_tokens"), ID), w=8),
+                "Computed tokens preemptions discarded per engine over the last hour (fewer "
+                "are computed again on resume: what the prefix cache still holds is not). "
+                "loki/queries.logql: discarded_tokens.",
+                p.loki_q(logql("discarded_tokens"), ID), w=8),
     )
     b.row("Lines").add(
         p.grid("Most preempted requests (last hour)",

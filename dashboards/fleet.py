@@ -2,8 +2,9 @@
 
 Fleet-wide and per-model panels read the few ``fleet:`` / ``model:`` series; the top lists
 rank the ``engine:`` series, and each row links to that engine's own dashboard and names the
-``kvscope explain --worst`` command for it. Nothing here reads a raw per-engine family over
-a range, so the dashboard stays cheap at a thousand engines.
+``kvscope explain --worst`` command for it. One panel reads a raw per-engine family over a
+range (the audit's mismatches, ``increase`` over an hour: three series an engine), two read
+raw families at one instant (features off, probe states); the rest read recording rules.
 """
 
 from __future__ import annotations

@@ -156,7 +156,7 @@ class SchedulerDecision:
     request_id: str
     reason: str
     """preempt: kv_full, priority or unknown; admission_blocked: the limit vLLM's waiting
-    loop met first (``rollups.admission_limit``): preempted, max_num_seqs, token_budget or
+    loop met first (``rollups.admission_limit``): preempted, token_budget, max_num_seqs or
     kv_blocks; "" for the others."""
     blocks_needed: int
     free_blocks: int

@@ -133,8 +133,12 @@ def sidecar_series(shape: SidecarShape) -> Counter[str]:
 
 def ceiling(engines: int, max_clients: int, max_agents: int, sink_tables: dict[str, int],
             *, kv_groups: int = 1, gpus: int = 0) -> int:
-    """The most series one sidecar can export: every engine at its worst (all finish
-    statuses, reconciled), every client family at its cap plus ``other``."""
+    """The most series one sidecar exports for engines its probes record whole: every
+    engine at its worst (all finish statuses, reconciled), every client family at its cap
+    plus ``other``. Not counted: ``kvscope_probe_feature_disabled`` (one series per feature
+    a probe does not record on its vLLM), ``kvscope_engine_identity_collisions``, and
+    engines seen only through vLLM's /metrics (``kvscope_engine_coarse`` and up to six
+    more each)."""
     worst = EngineShape(kv_groups, MAX_END_STATUSES, reconciled=True)
     side = SidecarShape(sink_tables, max_clients + 1, max_agents + 1, CLIENT_FAMILIES,
                         AGENT_FAMILIES, vllm_scrapes=True, gpus=gpus,

@@ -1,4 +1,4 @@
--- Layer 4 in ClickHouse: preempt, admission_blocked, resume, finish and abort decisions
+-- Layer 4 in ClickHouse: preempt, admission_blocked, never_fits, resume, finish and abort decisions
 -- with the facts that let anyone check the cause (kvscope.rows.SchedulerDecision).
 -- Placeholders: {database}, {ttl_days}.
 -- kvscope:sharding_key cityHash64(request_id)
