@@ -181,3 +181,16 @@ def test_bad_arguments_are_reported_together(capsys: pytest.CaptureFixture[str])
     err = capsys.readouterr().err
     for part in ("--url", "concurrency", "max_tokens", "--priority", "--header"):
         assert part in err
+
+
+def test_a_header_http_cannot_carry_is_refused_without_showing_it(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A key with a control character failed every request inside the load (reported as
+    cut off by the deadline), and h11's error, printed among the first errors, quoted it."""
+    args = parse("--api-key", "sk-secret\r\nX: y", "--user-agent", "caf\u00e9/1",
+                 "--header", "X-Team: ok")
+    assert loadgen.run(args) == 2
+    err = capsys.readouterr().err
+    assert "--api-key: the Authorization header must be printable ASCII" in err
+    assert "--user-agent: the User-Agent header must be printable ASCII" in err
+    assert "sk-secret" not in err and "X-Team" not in err

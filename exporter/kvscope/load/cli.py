@@ -107,18 +107,36 @@ def _range(flag: str, text: str | None, errors: list[str]) -> tuple[int, int] | 
 
 
 def headers(args: argparse.Namespace, errors: list[str]) -> dict[str, str]:
+    """The headers every request carries; what HTTP cannot send is an argument error,
+    before any request (it failed each request inside the load, which then read as cut
+    off by the deadline, and h11's message quoted the value: the API key among them)."""
     out = {"User-Agent": args.user_agent}
+    flags = {"User-Agent": "--user-agent"}
     if args.client_id:
         out[args.client_id_header] = args.client_id
+        flags[args.client_id_header] = "--client-id"
     if args.api_key:
         out["Authorization"] = f"Bearer {args.api_key}"
+        flags["Authorization"] = "--api-key"
     for text in args.header:
         name, sep, value = text.partition(":")
         if not sep or not name.strip():
             errors.append(f"--header: {text!r} is not 'NAME: VALUE'")
         else:
             out[name.strip()] = value.strip()
+            flags[name.strip()] = "--header"
+    for name, value in out.items():
+        if not _sendable(name, value):
+            errors.append(f"{flags[name]}: the {name} header must be printable ASCII "
+                          "(no control characters)")
     return out
+
+
+def _sendable(name: str, value: str) -> bool:
+    """Whether HTTP/1.1 can carry this header: a token name, a printable ASCII value."""
+    token = "!#$%&'*+-.^_`|~"
+    return (bool(name) and all(c.isascii() and (c.isalnum() or c in token) for c in name)
+            and all(c == "\t" or " " <= c <= "~" for c in value))
 
 
 def plan(args: argparse.Namespace) -> tuple[LoadSpec | None, list[str]]:
