@@ -81,6 +81,17 @@ def test_statuses(status: int, outcome: str, retriable: bool) -> None:
     assert (v.outcome, v.retriable) == (outcome, retriable)
 
 
+def test_a_gateway_timeout_is_retried_only_where_duplicates_are_accepted() -> None:
+    """A 504 is a gateway that stopped waiting: vLLM may still be generating the first
+    attempt, as after a read timeout, so retry_read_timeouts=False (no duplicate
+    submissions) covers it too."""
+    safe = ClientConfig(retry_read_timeouts=False)
+    v = classify_response(504, httpx.Headers(), 0.0, safe)
+    assert (v.outcome, v.retriable) == ("overloaded", False)
+    assert classify_response(503, httpx.Headers(), 0.0, safe).retriable  # refused: unsent
+    assert classify_response(504, httpx.Headers(), 0.0, ClientConfig()).retriable
+
+
 def test_preempted_header() -> None:
     assert classify_response(200, httpx.Headers({"X-KVScope-Preempted": "1"}), 0).outcome == \
         "preempted"

@@ -87,13 +87,17 @@ def _http_date(value: str) -> float | None:
         return None
 
 
-def classify_response(status: int, headers: Mapping[str, str], now_epoch: float) -> Verdict:
-    """The meaning of an HTTP answer."""
+def classify_response(status: int, headers: Mapping[str, str], now_epoch: float,
+                      cfg: ClientConfig | None = None) -> Verdict:
+    """The meaning of an HTTP answer. A 504 is a gateway that stopped waiting while the
+    server may still be generating: retried only where ``cfg.retry_read_timeouts``
+    accepts a duplicate submission, as a read timeout is."""
     if 200 <= status < 300:
         return Verdict("preempted" if _preempted(headers) else "ok", retriable=False)
     if status in OVERLOAD_STATUSES:
         after = parse_retry_after(headers.get("retry-after"), headers.get("date"), now_epoch)
-        return Verdict("overloaded", retriable=True, retry_after_s=after)
+        retriable = status != 504 or cfg is None or cfg.retry_read_timeouts
+        return Verdict("overloaded", retriable=retriable, retry_after_s=after)
     return Verdict("error", retriable=False)
 
 

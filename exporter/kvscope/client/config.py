@@ -40,8 +40,9 @@ class ClientConfig:
     max_retry_after_s: float = 30.0
     """Longest Retry-After the SDK sleeps; a longer one is raised to the caller at once."""
     retry_read_timeouts: bool = True
-    """Retry read / write timeouts. The server may still be generating the first attempt,
-    so a retry is a duplicate submission; connect timeouts are always safe to retry."""
+    """Retry read / write timeouts and 504s (a gateway that stopped waiting). The server
+    may still be generating the first attempt, so a retry is a duplicate submission;
+    connect timeouts, 429 and 503 (refused, not started) are always retried."""
 
     open_threshold: float = 0.10
     """An evaluation window whose bad rate is above this counts toward opening."""

@@ -95,7 +95,7 @@ class ClientCore:
             reply = yield from self._send(permit, delay)
             if isinstance(reply, httpx.Response):
                 verdict = bp.classify_response(reply.status_code, reply.headers,
-                                               self._wall_clock())
+                                               self._wall_clock(), self.config)
             else:
                 verdict = bp.classify_exception(reply, self.config)
             with self._lock:
