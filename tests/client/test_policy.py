@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 
 import httpx
 import pytest
@@ -79,6 +80,20 @@ def test_retry_after_seconds_or_http_date(value: str | None, date: str | None, n
 def test_statuses(status: int, outcome: str, retriable: bool) -> None:
     v = classify_response(status, httpx.Headers({"x-kvscope-preempted": "bogus"}), 0.0)
     assert (v.outcome, v.retriable) == (outcome, retriable)
+
+
+def test_an_http_date_without_a_zone_is_gmt_whatever_the_local_zone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """HTTP dates are GMT (RFC 9110), asctime's form included, which names no zone:
+    read as local time it was off by the machine's offset (9 h in Tokyo)."""
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        for form in ("Wed Oct 21 07:28:30 2015", "Wed, 21 Oct 2015 07:28:30 -0000"):
+            assert parse_retry_after(form, None, 1445412500.0) == 10.0, form
+    finally:
+        monkeypatch.undo()
+        time.tzset()
 
 
 def test_a_gateway_timeout_is_retried_only_where_duplicates_are_accepted() -> None:

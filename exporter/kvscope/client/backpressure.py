@@ -9,6 +9,7 @@ import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timezone
 from email.utils import parsedate_to_datetime
 
 import httpx
@@ -81,8 +82,13 @@ def parse_retry_after(value: str | None, date_header: str | None,
 
 
 def _http_date(value: str) -> float | None:
+    """An HTTP date in epoch seconds: GMT (RFC 9110), also where the form names no zone
+    (asctime's, or ``-0000``), which ``parsedate_to_datetime`` leaves naive."""
     try:
-        return parsedate_to_datetime(value).timestamp()
+        when = parsedate_to_datetime(value)
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=timezone.utc)
+        return when.timestamp()
     except (TypeError, ValueError, IndexError, OverflowError):
         return None
 
