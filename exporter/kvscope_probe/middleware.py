@@ -134,19 +134,25 @@ class KVScopeMiddleware:
         if call is None:
             await self.app(scope, replay_receive, send)
             return
-        status = {"code": 500}
+        # the status the caller was sent (500 until a response starts: an error before it
+        # is answered 500 by the server's error handler), and whether the end was reported
+        status = {"code": 500, "ended": 0}
 
         async def observed_send(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 status["code"] = int(message.get("status", 0))
             await send(message)
             if message["type"] == "http.response.body" and not message.get("more_body"):
+                status["ended"] = 1
                 self._end(call, status["code"])
 
         try:
             await self.app(scope, replay_receive, observed_send)
         except BaseException:
-            self._end(call, 500)
+            # once: an error after the last body (or a cancelled stream after its status
+            # went out) ends the call with the status the caller got, not a second 500
+            if not status["ended"]:
+                self._end(call, status["code"])
             raise
 
     def _closing_at_shutdown(self, receive: Any) -> Any:

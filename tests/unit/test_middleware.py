@@ -136,6 +136,36 @@ def test_a_prompt_that_is_no_utf8_is_hashed_and_never_logged(
     assert middleware_of(client.app).errors == 0  # type: ignore[arg-type]
 
 
+def test_an_error_after_the_answer_began_ends_the_call_once_with_its_status(
+        tmp_path: Path) -> None:
+    """An app that fails after its last body (the call had ended: it was reported again,
+    as 500) or in the middle of a streamed body once its 200 went out (reported as 500,
+    which the caller never got)."""
+
+    async def failing(scope: dict[str, object], receive: object, send: object) -> None:
+        assert callable(receive) and callable(send)
+        if scope["type"] == "lifespan":  # the middleware's emitter lives with the app
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        last = scope["path"] == "/v1/completions"
+        await send({"type": "http.response.body", "body": b"{}", "more_body": not last})
+        raise RuntimeError("after the answer began")
+
+    with Listening(tmp_path) as listening:
+        app = KVScopeMiddleware(failing, endpoint=listening.endpoint)
+        with TestClient(app, raise_server_exceptions=False) as client:  # type: ignore[arg-type]
+            for path in ("/v1/completions", "/v1/chat/completions"):
+                client.post(path, json={"prompt": "x", "messages": []})
+            wait_for(listening.got, 4)
+            time.sleep(0.3)  # a second end, had one been sent, arrives with these
+    ends = [g for g in listening.got if isinstance(g, wire.ClientEnd)]
+    assert sorted(e.status for e in ends) == [200, 200]
+
+
 def test_a_callers_request_id_is_kept_as_vllm_would_read_it(tmp_path: Path) -> None:
     """The header as sent (first one wins, empty counts), else the body's request_id;
     never replaced. An oversized one is reported by its digest. (Latin-1 bytes need a
