@@ -61,7 +61,9 @@ class ClientConfig:
     """Poll the sidecar's /health/preempt-rate at most this often; a reading older than
     three polls is ignored."""
     preempt_rate_timeout_s: float = 1.0
-    """Timeout of one sidecar poll (it never delays a call longer than this)."""
+    """httpx's timeout of one sidecar poll: each of its phases (connect, send, each read)
+    is bounded by this, not the poll as a whole; a poll is due at most every
+    ``preempt_rate_poll_s``, before the call that finds it due."""
     request_timeout_s: float = 600.0
     """Timeout of the HTTP client the SDK creates (a client passed in keeps its own)."""
 

@@ -83,7 +83,8 @@ class ClientCore:
     def call(self) -> Generator[Action, Any, httpx.Response]:
         """Plan one API call; returns the 2xx response, raises what the caller should see.
 
-        The breaker is asked first, so an open circuit raises at once, before any delay.
+        A due poll of the sidecar comes first; then the breaker is asked, so an open
+        circuit raises before any backpressure delay or request.
         """
         retry = 0
         while True:
