@@ -12,8 +12,9 @@ from kvscope.errors import ConfigError
 class ClientConfig:
     """Thresholds and limits of the SDK's backpressure and circuit breaker.
 
-    "Bad" below means an outcome the SDK counts as pressure: an overload answer or timeout,
-    or a preemption it was told about (see :mod:`kvscope.client.window`).
+    "Bad" below means an outcome the SDK counts as pressure: an overload answer or a
+    connect, read or write timeout, or a preemption it was told about (see
+    :mod:`kvscope.client.window`).
     """
 
     window_s: float = 60.0

@@ -10,7 +10,9 @@ class KVScopeClientError(Exception):
 class CircuitOpenError(KVScopeClientError):
     """The circuit is open: the request was NOT sent. Treat it like a local 429.
 
-    ``retry_after_s`` says when the breaker will let a request (a probe) through again.
+    ``retry_after_s`` says when the breaker will let a request (a probe) through again
+    while it is open; while it is half-open, waiting for its probes to come back, it is an
+    estimate (the current open duration), as when they come back is not known.
     """
 
     status_code = 429

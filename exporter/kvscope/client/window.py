@@ -12,8 +12,9 @@ outcomes here are limited to what reaches the client:
   header the only preemption signal is the sidecar's server-wide
   ``/health/preempt-rate``, which is not a per-request outcome and is kept apart
   (:mod:`kvscope.client.preempt_rate`).
-- ``overloaded``: an answer of 429, 503 or 504, or a timeout: the server (or a proxy in
-  front of it) refused or could not serve in time.
+- ``overloaded``: an answer of 429, 503 or 504, or a connect, read or write timeout: the
+  server (or a proxy in front of it) refused or could not serve in time. A pool timeout
+  (this client's own connections all busy) is an ``error``, not the server's load.
 - ``error``: anything else that failed (other 4xx / 5xx, connection refused, a broken
   response). It is counted but is not pressure: a bad request says nothing about load.
 """
