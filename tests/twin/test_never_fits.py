@@ -72,29 +72,29 @@ def test_at_max_num_seqs_the_head_is_held_by_the_seats_before_the_pool() -> None
     assert {d.reason for d in blocked} == {"max_num_seqs"}
 
 
-def test_with_the_budget_spent_the_head_is_held_by_the_budget_before_the_pool() -> None:
-    # a 1,400-token prompt prefilled 32 tokens a step takes the whole budget of every step
-    # while its blocks fill the pool: the waiting loop (while token_budget > 0) never runs
-    cfg = TwinConfig(num_blocks=64, max_num_seqs=4, max_num_batched_tokens=32,
+def reasons_behind_a_long_prefill(seats: int) -> set[str]:
+    """The admission_blocked reasons while a 1,400-token prompt is prefilled 32 tokens a
+    step (the whole budget of every step) and its blocks fill the pool, a 900-token one
+    waiting behind it."""
+    cfg = TwinConfig(num_blocks=64, max_num_seqs=seats, max_num_batched_tokens=32,
                      max_model_len=1600)
     requests = [req("long", 1400, 8, token=1), req("next", 900, 8, step=1, token=2)]
     decisions, _ = run(cfg, requests)
     blocked = [d for d in decisions if d.decision == "admission_blocked"]
     assert blocked and all(d.blocks_needed > d.free_blocks for d in blocked)
-    assert {d.reason for d in blocked} == {"token_budget"}
+    return {d.reason for d in blocked}
+
+
+def test_with_the_budget_spent_the_head_is_held_by_the_budget_before_the_pool() -> None:
+    # the waiting loop (while token_budget > 0) never runs
+    assert reasons_behind_a_long_prefill(seats=4) == {"token_budget"}
 
 
 def test_with_the_seats_full_and_the_budget_spent_the_budget_is_met_first() -> None:
-    # the same prefill with one seat: both limits hold in every step, and vLLM's waiting
-    # loop tests its budget (while token_budget > 0) before its seats (num_running >=
-    # max_num_active_reqs, inside the loop): more seats would admit nothing
-    cfg = TwinConfig(num_blocks=64, max_num_seqs=1, max_num_batched_tokens=32,
-                     max_model_len=1600)
-    requests = [req("long", 1400, 8, token=1), req("next", 900, 8, step=1, token=2)]
-    decisions, _ = run(cfg, requests)
-    blocked = [d for d in decisions if d.decision == "admission_blocked"]
-    assert blocked and all(d.blocks_needed > d.free_blocks for d in blocked)
-    assert {d.reason for d in blocked} == {"token_budget"}
+    # one seat: both limits hold in every step, and vLLM's waiting loop tests its budget
+    # (while token_budget > 0) before its seats (num_running >= max_num_active_reqs, inside
+    # the loop): more seats would admit nothing
+    assert reasons_behind_a_long_prefill(seats=1) == {"token_budget"}
 
 
 def test_a_hybrid_head_over_the_summed_bound_still_fits_and_is_not_never_fits() -> None:
