@@ -204,7 +204,8 @@ class ClientRequest:
     """When the HTTP answer was sent (API-server clock)."""
     request_id: str
     """The request's ID as vLLM used it (the caller's X-Request-Id or body request_id, else
-    the middleware's); ``sha256:<hex>`` of it when longer than 128 characters."""
+    the middleware's); ``sha256:<hex>`` of it when longer than 128 characters or not
+    encodable in UTF-8 (``kvscope_probe.middleware.request_key``)."""
     engine_request_ids: str
     """Engine request IDs joined to it, comma-separated ("" if none joined yet)."""
     model: str
