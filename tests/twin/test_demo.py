@@ -169,9 +169,23 @@ def settled_scrape(http: httpx.Client, timeout_s: float = 20.0) -> Scrape:
         time.sleep(0.25)
 
 
+def assert_nothing_lost(m: Scrape) -> None:
+    """Every record the probe made reached the ledger: the exact counts below hold only
+    then, and a failure names where records went (the probe's drops, the sidecar's
+    refusals by reason, sequence gaps) and what arrived."""
+    lost = {"dropped": m.total("kvscope_probe_records_dropped_total"),
+            "refused": m.by("kvscope_probe_frames_rejected_total", "reason"),
+            "gaps": m.total("kvscope_ledger_gaps_total"),
+            "arrived": m.total("vllm_scheduler_requests_arrived_total"),
+            "ended": m.total("vllm_scheduler_requests_ended_total")}
+    assert lost["dropped"] == lost["gaps"] == 0, lost
+    assert not any(lost["refused"].values()), lost  # type: ignore[union-attr]
+
+
 def assert_prometheus_layer(m: Scrape, shown: int) -> None:
     """Layer 1: block gauges in sync and equal to the idle pool, the preemptions the
     findings print, every request."""
+    assert_nothing_lost(m)
     assert m.value("kvscope_ledger_synced") == 1
     gauges = {g: m.value(f"vllm_scheduler_{g}") for g in IDLE_POOL}
     assert gauges == IDLE_POOL

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from kvscope.demo.live import Scrape
-from tests.twin.test_demo import Demo, assert_gone
+from tests.twin.test_demo import Demo, assert_gone, assert_nothing_lost
 
 pytestmark = pytest.mark.twin
 
@@ -44,6 +44,7 @@ def test_demo_on_a_hybrid_layout_with_async_scheduling(tmp_path: Path) -> None:
         assert [g["kind"] for g in engine["kv_groups"]] == [
             "SlidingWindowSpec", "SlidingWindowSpec", "FullAttentionSpec"]
         assert m.value("vllm_scheduler_total_blocks") == 127
+        assert_nothing_lost(m)
         assert m.total("vllm_scheduler_preempted_requests_total") == shown
         assert m.total("vllm_scheduler_requests_ended_total") == REQUESTS
         assert m.total("kvscope_ledger_mismatches_total") == 0
