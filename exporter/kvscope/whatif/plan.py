@@ -7,7 +7,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvscope.models.kv_layout import load as load_model
-from kvscope.twin.scheduler import model_fields as twin_model_fields
 from kvscope.twin.workload import TwinRequest, WorkloadSpec, generate
 from kvscope.whatif.recorded import OUTCOME_KEYS, has_outcomes
 from kvscope.whatif.replay import ReplayError, load
@@ -122,6 +121,9 @@ def model_fields(args: argparse.Namespace) -> dict[str, Any] | None:
     model = getattr(args, "model_layout", None)
     if not model:
         return None
+    # imported here: the CLI (kvscope serve among its commands) must not import vLLM
+    from kvscope.twin.scheduler import model_fields as twin_model_fields
+
     return twin_model_fields(model)
 
 
