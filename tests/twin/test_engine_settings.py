@@ -12,8 +12,8 @@ from dataclasses import asdict, replace
 import pytest
 
 from kvscope.state.requests import engine_config
-from kvscope.twin.config import LAYOUTS, TwinConfig
-from kvscope.whatif.engine_settings import GROUP_OF_SPEC, LAYOUT_GROUPS, from_config
+from kvscope.twin.config import GROUP_OF_SPEC, LAYOUTS, TwinConfig
+from kvscope.whatif.engine_settings import LAYOUT_GROUPS, from_config
 
 pytestmark = pytest.mark.twin
 GROUP_SPEC = {group: spec for spec, group in GROUP_OF_SPEC.items()}

@@ -33,7 +33,6 @@ over, so such a model is refused rather than laid out as full attention."""
 @dataclass(frozen=True)
 class KvModel:
     name: str
-    layers: int
     kv_heads: int
     head_dim: int
     sliding_window: int | None
@@ -43,6 +42,10 @@ class KvModel:
     groups from this pattern (``kvscope.twin.scheduler.model_fields``)."""
     max_position_embeddings: int
     dtype_bytes: int
+
+    @property
+    def layers(self) -> int:
+        return len(self.layer_kinds)
 
     @property
     def sliding_layers(self) -> int:
@@ -86,7 +89,7 @@ def from_config(name: str, cfg: dict[str, Any]) -> KvModel:
         window = None
     kinds = layer_kinds(c, layers, window)
     dtype = str(c.get("torch_dtype") or c.get("dtype") or "bfloat16")
-    return KvModel(name, layers, int(c.get("num_key_value_heads") or heads), head_dim,
+    return KvModel(name, int(c.get("num_key_value_heads") or heads), head_dim,
                    int(window) if window and "sliding" in kinds else None, kinds,
                    int(c.get("max_position_embeddings") or 2048), DTYPE_BYTES.get(dtype, 2))
 

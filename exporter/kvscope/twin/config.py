@@ -19,6 +19,9 @@ layers (Jamba, Nemotron-H, granite-4.0-h)."""
 
 GROUP_KINDS = ("full", "sliding", "mamba")
 """What one KV cache group of ``TwinConfig.groups`` can be."""
+GROUP_OF_SPEC = {"FullAttentionSpec": "full", "SlidingWindowSpec": "sliding",
+                 "MambaSpec": "mamba"}
+"""The KV cache spec classes the twin has a stand-in layer for, as its group kinds."""
 LAYOUT_KINDS: dict[Layout, frozenset[str]] = {
     "full": frozenset({"full"}), "full+sliding": frozenset({"full", "sliding"}),
     "sliding": frozenset({"sliding"}), "mamba-hybrid": frozenset({"mamba", "full"}),

@@ -27,7 +27,7 @@ from kvscope.twin._vllm import (
     plan_kv_cache,
     torch,
 )
-from kvscope.twin.config import Layout, TwinConfig
+from kvscope.twin.config import GROUP_OF_SPEC, Layout, TwinConfig
 
 LAYERS: dict[Layout, tuple[str, ...]] = {
     "full": ("full", "full"),
@@ -74,13 +74,10 @@ def layer_specs(cfg: TwinConfig, config: VllmConfig) -> dict[str, KVCacheSpec]:
 
 def group_kind(spec: KVCacheSpec) -> str:
     """The twin's kind (``full``, ``sliding``, ``mamba``) of a KV cache group's spec."""
-    if isinstance(spec, SlidingWindowSpec):
-        return "sliding"
-    if isinstance(spec, MambaSpec):
-        return "mamba"
-    if isinstance(spec, FullAttentionSpec):
-        return "full"
-    raise ValueError(f"a KV cache group of {type(spec).__name__}, which the twin does not build")
+    name = type(spec).__name__
+    if name not in GROUP_OF_SPEC:
+        raise ValueError(f"a KV cache group of {name}, which the twin does not build")
+    return GROUP_OF_SPEC[name]
 
 
 def _mamba_spec(attention: dict[str, object], config: VllmConfig) -> MambaSpec:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvscope.models.config import MAX_POSITION_EMBEDDINGS
-from kvscope.twin.config import LAYOUT_KINDS, TwinConfig
+from kvscope.twin.config import GROUP_OF_SPEC, LAYOUT_KINDS, TwinConfig
 from kvscope.whatif.settings import KEYS, build, format_groups
 
 LAYOUT_GROUPS: dict[str, tuple[str, ...]] = {
@@ -39,10 +39,6 @@ LAYOUT_GROUPS: dict[str, tuple[str, ...]] = {
 class NotReplayable(ValueError):
     """The engine's settings cannot be rebuilt on the twin (the message says why)."""
 
-
-GROUP_OF_SPEC = {"FullAttentionSpec": "full", "SlidingWindowSpec": "sliding",
-                 "MambaSpec": "mamba"}
-"""The KV cache spec classes the twin has a stand-in layer for."""
 
 
 @dataclass(frozen=True)
