@@ -2,18 +2,29 @@
 well-known model of ``known.KNOWN``): layers, KV heads, head size, which layers slide and
 over how many tokens, the longest context. What the twin needs to build vLLM's scheduler
 for that model instead of the tiny one; no weights are read, nothing is downloaded.
+
+A ``config.json`` is read as vLLM reads it: through vLLM's config loader, which builds the
+model type's config class with that class's defaults for what the file leaves out
+(Gemma 2's published file states no ``layer_types``; its class alternates sliding and
+full layers). A file naming no ``model_type``, or one vLLM's loader refuses, is read as
+written (``KvModel.read_by`` says which).
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvscope.models.known import KNOWN
 
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "fp8": 1}
+DTYPE_BYTES = {"float32": 2, "float16": 2, "bfloat16": 2, "float8": 1, "fp8": 1}
+"""KV cache bytes per value by the config's dtype, as vLLM serves it with ``--dtype auto``
+(and ``--kv-cache-dtype auto``): a float32 model is downcast to the platform's preferred
+16-bit type (``vllm/config/model.py``, ``_resolve_auto_dtype``), so its KV takes 2 bytes."""
+READ_BY_VLLM = "vLLM's config loader"
 LAYER_TYPES = {"full_attention": "full", "sliding_attention": "sliding"}
 """``layer_types`` entries the twin can lay out, as its layer kinds."""
 UNSUPPORTED = {
@@ -42,6 +53,8 @@ class KvModel:
     groups from this pattern (``kvscope.twin.scheduler.model_fields``)."""
     max_position_embeddings: int
     dtype_bytes: int
+    read_by: str = "kvscope's list of known models"
+    """How the config was read: ``READ_BY_VLLM``, or as written and why."""
 
     @property
     def layers(self) -> int:
@@ -73,7 +86,7 @@ class KvModel:
         return out
 
 
-def from_config(name: str, cfg: dict[str, Any]) -> KvModel:
+def from_config(name: str, cfg: dict[str, Any], read_by: str = "as written") -> KvModel:
     """The layout a Hugging Face config states (a multimodal one's ``text_config``)."""
     c = {**cfg, **cfg.get("text_config", {})}
     for key, what in UNSUPPORTED.items():
@@ -91,7 +104,8 @@ def from_config(name: str, cfg: dict[str, Any]) -> KvModel:
     dtype = str(c.get("torch_dtype") or c.get("dtype") or "bfloat16")
     return KvModel(name, int(c.get("num_key_value_heads") or heads), head_dim,
                    int(window) if window and "sliding" in kinds else None, kinds,
-                   int(c.get("max_position_embeddings") or 2048), DTYPE_BYTES.get(dtype, 2))
+                   int(c.get("max_position_embeddings") or 2048), DTYPE_BYTES.get(dtype, 2),
+                   read_by)
 
 
 def layer_kinds(c: dict[str, Any], layers: int, window: Any) -> tuple[str, ...]:
@@ -120,7 +134,7 @@ def load(spec: str) -> KvModel:
     """``spec``: a name of ``KNOWN``, a model directory, or a ``config.json`` path.
     ``ValueError`` with the choices when it is none of them."""
     if spec in KNOWN:
-        return from_config(spec, KNOWN[spec])
+        return from_config(spec, KNOWN[spec], KvModel.read_by)
     path = Path(spec).expanduser()
     if path.is_dir():
         path = path / "config.json"
@@ -128,6 +142,33 @@ def load(spec: str) -> KvModel:
         raise ValueError(f"--model {spec!r}: no such config.json or model directory, and "
                          f"not a known model ({', '.join(KNOWN)})")
     try:
-        return from_config(path.parent.name, json.loads(path.read_text()))
+        cfg = json.loads(path.read_text())
+        if not isinstance(cfg, dict):
+            raise TypeError("not a JSON object")
+        read_by, cfg = as_vllm_reads(path, cfg)
+        return from_config(path.parent.name, cfg, read_by)
     except (KeyError, ValueError, TypeError) as exc:
         raise ValueError(f"--model {spec!r}: not a usable config.json ({exc})") from None
+
+
+def as_vllm_reads(path: Path, cfg: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """``cfg`` (read from ``path``) as vLLM's config loader makes it, every default of its
+    model type's config class filled in, and ``READ_BY_VLLM``; else ``cfg`` as written and
+    why. vLLM is imported here only (whatif's and explain's ``--model`` run its planner
+    next); a model's own code (``auto_map``) is never run."""
+    if not cfg.get("model_type"):
+        return "as written (it names no model_type)", cfg
+    try:
+        from vllm.transformers_utils.config import get_config
+    except ImportError:
+        return "as written (vLLM is not installed)", cfg
+    with tempfile.TemporaryDirectory(prefix="kvscope-model-") as tmp:
+        where = path.parent
+        if path.name != "config.json":  # vLLM reads a model directory's config.json
+            where = Path(tmp)
+            (where / "config.json").write_text(json.dumps(cfg))
+        try:
+            loaded = get_config(str(where), trust_remote_code=False)
+        except Exception as exc:  # noqa: BLE001 - any refusal: read as written, said so
+            return f"as written (vLLM's config loader refused it: {type(exc).__name__})", cfg
+    return READ_BY_VLLM, loaded.to_dict()

@@ -73,7 +73,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     s.add_argument("--model", metavar="NAME|PATH",
                    help="the served model's KV layout (vLLM's KV cache groups of its "
                         "layers) and context (the bound of --max-model-len): a model "
-                        "directory or its config.json (no weights read), or a known model "
+                        "directory or its config.json (no weights read; read through "
+                        "vLLM's config loader, with its model type's defaults), or a known model "
                         "(kvscope.models.known: Llama-3-8B, Mistral-7B-v0.1, Qwen2.5-7B, "
                         "Gemma-3-12B, ...); also the default --bytes-per-token; full-attention "
                         "and sliding-window layers only")

@@ -159,7 +159,13 @@ def plan(args: argparse.Namespace) -> tuple[Plan | None, list[str]]:
         errors.append(f"--png: directory {args.png.parent} does not exist")
     if errors or work is None:
         return None, errors
+    notes: list[str] = []
+    if model is not None and model.read_by.startswith("as written"):
+        notes.append(f"--model {args.model}: config.json read {model.read_by}; the defaults "
+                     "vLLM's loader gives what the file leaves out were not applied")
     odd = sorted({s.config.block_size for s in settings if s.config.block_size % 32})
-    notes = [f"block size {', '.join(map(str, odd))} runs in the twin (no attention); vLLM's "
-             "CPU backend needs multiples of 32, CUDA backends take multiples of 16"] if odd else []
+    if odd:
+        notes.append(f"block size {', '.join(map(str, odd))} runs in the twin (no attention); "
+                     "vLLM's CPU backend needs multiples of 32, CUDA backends take multiples "
+                     "of 16")
     return replace(work, settings=settings, notes=work.notes + notes, baseline=baseline), []
