@@ -203,16 +203,22 @@ def test_tail_waste_by_prompt_len(run: Run) -> None:
 
 def test_tail_waste_leaves_out_hybrid_engines_and_engines_without_settings(
         run: Run, chdb_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """The run's traces stored three times: under their engine, under an engine whose
+    """The run's traces stored five times: under their engine, under an engine whose
     settings say two KV cache groups (a trace's blocks then sum both groups: no block
-    size measures them) and under one with no engine_configs row. Only the first counts."""
+    size measures them), under engines of one sliding-window group and one Mamba group
+    (their blocks are the window's or one state, not the sequence's: a 1,000-token
+    request in a 64-token window held 5 blocks) and under one with no engine_configs
+    row. Only the first counts."""
     (config,) = [r for r in run.rows if isinstance(r, EngineConfig)]
     hybrid = replace(config, engine="hybrid", kv_group_kinds=["SlidingWindowSpec",
                                                                "FullAttentionSpec"],
                      kv_group_block_sizes=[BLOCK_SIZE, BLOCK_SIZE], kv_group_windows=[64, 0])
-    rows: list[Any] = [config, hybrid, *run.traces,
-                       *(replace(t, engine="hybrid") for t in run.traces),
-                       *(replace(t, engine="unconfigured") for t in run.traces)]
+    sliding = replace(config, engine="sliding", kv_group_kinds=["SlidingWindowSpec"],
+                      kv_group_windows=[64])
+    mamba = replace(config, engine="mamba", kv_group_kinds=["MambaSpec"])
+    others = ("hybrid", "sliding", "mamba", "unconfigured")
+    rows: list[Any] = [config, hybrid, sliding, mamba, *run.traces,
+                       *(replace(t, engine=e) for e in others for t in run.traces)]
     db = database_name("tail_waste_engines")
     sink = ClickHouseSink(chdb_dsn, database=db, options=FAST,
                           spool_dir=str(tmp_path_factory.mktemp("spool_tail")))
@@ -225,8 +231,8 @@ def test_tail_waste_leaves_out_hybrid_engines_and_engines_without_settings(
     try:
         three = Run(client, run.traces, [], rows, chdb_dsn, db)
         assert saved(three, "tail_waste_by_prompt_len") == saved(run, "tail_waste_by_prompt_len")
-        assert saved(three, "tail_waste_by_prompt_len", engine="hybrid") == []
-        assert saved(three, "tail_waste_by_prompt_len", engine="unconfigured") == []
+        for engine in others:
+            assert saved(three, "tail_waste_by_prompt_len", engine=engine) == [], engine
     finally:
         client.close()
 

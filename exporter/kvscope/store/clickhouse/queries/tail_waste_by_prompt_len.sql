@@ -5,9 +5,11 @@
 -- request held at once (allocated_blocks x block_size - tokens; it can dip below zero by
 -- the final token, whose KV is never written), with waste_ratio = required-basis waste /
 -- slots. Each request is measured in its engine's own block size: the engine_configs row
--- of its engine at or before the request ended. Requests of an engine with more than one
--- KV cache group (a hybrid model: a trace's blocks sum its groups, whose blocks hold
--- different spans) or without a stored configuration are left out.
+-- of its engine at or before the request ended. Only engines of one full-attention KV
+-- cache group are measured: with more than one group (a hybrid model) a trace's blocks sum
+-- groups whose blocks hold different spans; a sliding-window group holds the window's
+-- blocks and a Mamba group one state, not the sequence's; an engine without a stored
+-- configuration cannot be measured either.
 -- @param days = 7          window, in days back from now
 -- @param model = ''        one model ('' = all)
 -- @param engine = ''       one engine ('' = all)
@@ -26,7 +28,7 @@ ASOF INNER JOIN engine_configs AS c
     ON t.model = c.model AND t.server = c.server AND t.engine = c.engine AND t.ts >= c.ts
 WHERE t.allocated_blocks > 0
   AND t.required_blocks > 0
-  AND length(c.kv_group_kinds) = 1
+  AND c.kv_group_kinds IN (['FullAttentionSpec'], ['MLAAttentionSpec'])
   AND c.block_size > 0
   AND t.ts >= now() - toIntervalDay({days:UInt32})
   AND ({model:String} = '' OR t.model = {model:String})
