@@ -185,6 +185,9 @@ def test_an_answer_waits_until_the_engines_reported_past_it() -> None:
     ticking(j, clock, 8.0)
     assert not rows(out)  # the engine has not reported past the answer yet
     j.on_trace(trace(f"cmpl-{RID}-0-deadbeef", preempts=1))
+    assert not rows(out)  # another engine request of the call may still come (n > 1)
+    horizon[0] = 102.5  # the records after the trace's: past the answer
+    j.tick()
     (row,) = rows(out)
     assert row.engine_request_ids == f"cmpl-{RID}-0-deadbeef" and row.preempt_count == 1
     # past the answer, a call no engine saw is written once join_wait_s has passed
@@ -332,3 +335,32 @@ def test_preempt_rate_recommends_from_rate_and_free_blocks() -> None:
     assert (r["preemptions"], r["requests"], r["recommendation"]) == (7, 100, "backoff")
     st.counters.preemptions["kv_full"] = 20
     assert preempt_rate([st], 60)["recommendation"] == "shed"
+
+
+def test_a_call_of_several_engine_requests_writes_its_row_with_all_of_them() -> None:
+    """n = 2 samples: two engine requests of one call. The answer came after the first
+    trace had joined, and the second (preempted twice) reached the sidecar after the
+    answer: the row was written with the first alone (preempt_count 0). It now waits
+    until every engine's records have passed the answer's time."""
+    clock = Clock()
+    horizon = [101.0]
+    j, out = join(join_wait_s=5, clock=clock, horizon=lambda: horizon[0])
+    j.on_client(start())
+    j.on_trace(trace(f"0_cmpl-{RID}-0-aaaaaaaa", preempts=0))
+    j.on_client(end(ts=102.0))
+    ticking(j, clock, 1.0)
+    assert not rows(out)
+    j.on_trace(trace(f"1_cmpl-{RID}-0-bbbbbbbb", preempts=2))
+    horizon[0] = 102.5
+    j.tick()
+    (row,) = rows(out)
+    assert row.engine_request_ids == f"0_cmpl-{RID}-0-aaaaaaaa,1_cmpl-{RID}-0-bbbbbbbb"
+    assert row.preempt_count == 2 and row.preempt_reason == "kv_full"
+    # both traces joined before the answer, the engines already past it: written at once
+    other = "kvs" + "cd" * 16
+    j.on_client(start(rid=other, ts=103.0))
+    j.on_trace(trace(f"0_cmpl-{other}-0-aaaaaaaa", preempts=1, arrival=103.1))
+    j.on_trace(trace(f"1_cmpl-{other}-0-bbbbbbbb", preempts=1, arrival=103.1))
+    horizon[0] = 104.5
+    j.on_client(end(rid=other, ts=104.0))
+    assert rows(out)[-1].request_id == other and rows(out)[-1].preempt_count == 2

@@ -16,12 +16,13 @@ is written without client fields and counted unjoined: never guessed.
 
 Once a middleware has spoken, a trace whose start has not arrived waits up to
 ``join_wait_s``, then is written unjoined and counted; without one, traces go straight
-out. An answered call's row waits for its trace ``join_wait_s`` and until the records of
-every engine still talking have passed the answer's time (``horizon``, the hub's: the
-engine ends a request before the API server answers, but the probe's frames may reach the
-sidecar after the middleware's event), ``LATE_ROW_S`` more at most (an engine clock
-behind the API server's); a row written without its
-engine request left ``kvscope explain`` answering 404 for the caller's ID. Waits are
+out. An answered call's row waits until the records of every engine still talking have
+passed the answer's time (``horizon``, the hub's: the engine ends a request before the API
+server answers, but the probe's frames may reach the sidecar after the middleware's event),
+``LATE_ROW_S`` more at most (an engine clock behind the API server's), and for its first
+trace ``join_wait_s`` at most: a row written without its engine request left ``kvscope
+explain`` answering 404 for the caller's ID, and one written at its first trace left out
+the call's other engine requests (n > 1 samples) and their preemptions. Waits are
 counted in the sidecar's own ticks (``tick``, ~10 a second from the ingest thread), each
 worth at most ``MAX_TICK_S``: a sidecar that stalls (CPU-starved, its
 ingest thread descheduled for seconds: 11 s measured on a loaded 2-core machine) gives
@@ -162,10 +163,17 @@ class ClientJoin:
         if c is None or c.end is not None:
             return
         c.end = e
-        if c.engine_ids:
+        if c.engine_ids and self._past_answer(c):
             self._write_row(c)
         else:  # the engine's trace usually lands just after the HTTP answer: wait for it
             self.rows_waiting.append((self.waited + self.join_wait_s, c))
+
+    def _past_answer(self, c: _Call) -> bool:
+        """Every engine still talking has sent its records up to the call's answer: each
+        engine request of the call (n > 1 samples, a list of prompts: several) ended
+        before the answer, so its trace has reached the join."""
+        assert c.end is not None
+        return self.horizon is None or c.end.ts <= self.horizon()
 
     def _write_row(self, c: _Call) -> None:
         e = c.end
@@ -225,7 +233,7 @@ class ClientJoin:
         st.joined_traces += 1
         self.emit(replace(trace, client_id=s.client_id, user_agent=s.user_agent,
                           api_key_hash=c.api_key_hash, prompt_hash=c.prompt_hash))
-        if c.end is not None and not c.row_written:
+        if c.end is not None and not c.row_written and self._past_answer(c):
             self._write_row(c)
 
     def _release(self, trace: RequestTrace) -> None:
@@ -252,7 +260,8 @@ class ClientJoin:
             if c.row_written:
                 continue
             assert c.end is not None
-            if waited >= deadline and (c.end.ts <= horizon or waited >= deadline + LATE_ROW_S):
+            if ((waited >= deadline or c.engine_ids)
+                    and (c.end.ts <= horizon or waited >= deadline + LATE_ROW_S)):
                 self._write_row(c)
             else:
                 self.rows_waiting.append((deadline, c))
