@@ -24,6 +24,7 @@ from kvscope.sidecar.http.health import health_router
 from kvscope.sidecar.http.pressure import PressurePolicy, preempt_rate
 from kvscope.state.engine import EngineState
 from kvscope.state.hub import Hub
+from kvscope.state.presence import CONNECTED
 
 OPEN_PATHS = ("/healthz", "/readyz")
 QUERY_TOKEN_PATHS = ("/ui",)  # a browser cannot set a header to load the page itself
@@ -118,7 +119,8 @@ def create_app(
     @app.get("/health/preempt-rate", summary="Preemption pressure for autoscalers and clients")
     def pressure(window: float = Query(60.0, ge=5.0, le=3600.0)) -> dict[str, Any]:
         with hub.lock:
-            return preempt_rate(list(hub.engines.values()), window, policy)
+            return preempt_rate(list(hub.engines.values()), window, policy,
+                                connected=lambda st: hub.state_of(st) in CONNECTED)
 
     @app.get("/api/engines", summary="What the sidecar knows about each engine")
     def engines() -> dict[str, Any]:

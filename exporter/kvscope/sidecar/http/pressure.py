@@ -2,15 +2,19 @@
 
 preemption_rate = preemptions / requests ended, over the last ``window_s`` seconds of
 sidecar time, all engines together (1.0 when preemptions came and no request ended: JSON
-has no infinity, and it is above every threshold). free_block_ratio is the lowest current
-free / usable blocks over engines with an exact ledger. The recommendation is a plain
-threshold rule: ``shed`` above ``shed_rate`` (or no free block while requests wait),
+has no infinity, and it is above every threshold). The pool's figures are of the engines
+connected now (``connected``: active or idle), as an engine that crashed or went silent
+keeps its last pool until the hub forgets it (an hour): free_block_ratio is the lowest
+current free / usable blocks over those with an exact ledger, waiting their waiting
+requests summed, engines how many they are. The recommendation is a plain threshold rule:
+``shed`` above ``shed_rate`` (or an engine with no free block and requests waiting),
 ``backoff`` above ``backoff_rate`` (or under ``backoff_free_ratio`` free), else ``ok``.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,23 +42,31 @@ def _delta(st: EngineState, now: float, window_s: float) -> tuple[int, int]:
 
 
 def preempt_rate(engines: list[EngineState], window_s: float,
-                 policy: PressurePolicy | None = None, now: float | None = None) -> dict[str, Any]:
+                 policy: PressurePolicy | None = None, now: float | None = None,
+                 connected: Callable[[EngineState], bool] | None = None) -> dict[str, Any]:
+    """``engines``: every engine the hub knows (their preemptions and ends in the window
+    count, connected or not); ``connected``: whether one is there now (all by default)."""
     policy = policy or PressurePolicy()
     now = time.monotonic() if now is None else now
     preemptions = requests = 0
     free_ratio: float | None = None
-    waiting = 0
+    waiting = live = 0
+    full_and_waiting = False
     for st in engines:
         p, r = _delta(st, now, window_s)
         preemptions += p
         requests += r
+        if connected is not None and not connected(st):
+            continue
+        live += 1
+        queued = st.last_step.waiting if st.last_step is not None else 0
+        waiting += queued
         if st.ledger.synced and st.ledger.usable_blocks:
             ratio = st.ledger.free / st.ledger.usable_blocks
             free_ratio = ratio if free_ratio is None else min(free_ratio, ratio)
-        if st.last_step is not None:
-            waiting += st.last_step.waiting
+            full_and_waiting = full_and_waiting or (ratio == 0.0 and queued > 0)
     rate = preemptions / requests if requests else (1.0 if preemptions else 0.0)
-    if rate > policy.shed_rate or (free_ratio == 0.0 and waiting > 0):
+    if rate > policy.shed_rate or full_and_waiting:
         rec = "shed"
     elif rate > policy.backoff_rate or (free_ratio is not None
                                         and free_ratio < policy.backoff_free_ratio):
@@ -68,6 +80,6 @@ def preempt_rate(engines: list[EngineState], window_s: float,
         "requests": requests,
         "free_block_ratio": free_ratio,
         "waiting": waiting,
-        "engines": len(engines),
+        "engines": live,
         "recommendation": rec,
     }
