@@ -2,7 +2,8 @@
 
 Every interval is a difference of two event times of one engine process (the probe's clock)
 and a difference of two engine step counters, so the parts add up to the whole exactly:
-``waiting + preempted + running == end - queued``. ``recomputing`` is the part of
+``waiting + preempted + running == end - queued``; a request that ended (aborted) while
+it waited or sat preempted spent the time until its end there. ``recomputing`` is the part of
 ``running`` spent computing again the tokens a preemption discarded: the steps from each
 resume to the one whose computed tokens are back to what it had lost, inclusive, and the
 time from the resume to the start of the step after those (``next_step``: the engine's
@@ -88,8 +89,8 @@ def build(events: list[dict], next_step: Callable[[int], dict | None] = lambda _
     admitted = _first(events, "admitted")
     end = next((e for e in reversed(events) if e["event"] in END_EVENTS), None)
     waiting, preempted, recomputing, running = Span(), Span(), Span(), Span()
-    if queued and admitted:
-        waiting.add(queued, admitted)
+    if queued and (admitted or end):  # never admitted: it waited until it ended
+        waiting.add(queued, admitted or end)  # type: ignore[arg-type]
     pre: list[Preemption] = []
     for i, e in enumerate(events):
         if e["event"] != "preempted":
@@ -97,6 +98,8 @@ def build(events: list[dict], next_step: Callable[[int], dict | None] = lambda _
         f = facts(e["detail"])
         p = Preemption(e, f.get("requester", ""), int(f.get("blocks_needed", "-1")))
         p.resumed = next((x for x in events[i + 1:] if x["event"] == "resumed"), None)
+        if p.resumed is None and end is not None and end["step"] >= e["step"]:
+            preempted.add(e, end)  # never resumed: preempted until it ended (aborted)
         if p.resumed is not None:
             preempted.add(e, p.resumed)
             j = events.index(p.resumed)
