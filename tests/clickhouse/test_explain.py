@@ -224,3 +224,40 @@ def test_cli_unknown_id_and_never_preempted(run: Run, capsys: pytest.CaptureFixt
     from kvscope.explain import png
     with Image.open(tmp_path / "r.png") as img:
         assert img.size == (png.WIDTH, png.png_height(answer.explain(run.client, rid)))
+
+
+def test_worst_counts_requests_that_ended_waiting_or_preempted(
+        run: Run, chdb_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> None:  # noqa: F811
+    """Aborted in the queue (never admitted: left out before) and aborted while preempted
+    (never resumed: its preempted seconds read about -1.7e9, an epoch time subtracted)."""
+    from kvscope.sinks.base import SinkManager
+    from kvscope.store.sink import ClickHouseSink
+    from tests.clickhouse.conftest import FAST, clickhouse_connect, database_name
+
+    def ev(rid: str, event: str, step: int, ts: float) -> RequestEvent:
+        return RequestEvent(ts=ts, model="m", engine="0", server="", request_id=rid,
+                            event=event, step=step, blocks=-1, total_blocks=-1,
+                            free_blocks=-1, max_contiguous_free=-1, tokens=0, reason="",
+                            detail="")
+
+    t0 = 1_800_000_000.0
+    rows = [ev("gave-up", "queued", 1, t0), ev("gave-up", "aborted", 40, t0 + 30.0),
+            ev("dropped", "queued", 2, t0 + 1.0), ev("dropped", "admitted", 3, t0 + 2.0),
+            ev("dropped", "preempted", 5, t0 + 4.0), ev("dropped", "aborted", 30, t0 + 24.0)]
+    db = database_name("worst_unfinished")
+    sink = ClickHouseSink(chdb_dsn, database=db, options=FAST,
+                          spool_dir=str(tmp_path_factory.mktemp("spool_worst")))
+    manager = SinkManager([sink])
+    for r in rows:
+        manager.emit(r)
+    assert sink.flush(60)
+    manager.close()
+    client = clickhouse_connect.get_client(dsn=chdb_dsn, database=db)
+    try:
+        got = {r["request_id"]: r for r in answer.worst(client, 5, 0)["requests"]}
+    finally:
+        client.close()
+    assert set(got) == {"gave-up", "dropped"}
+    assert (got["gave-up"]["waiting_s"], got["gave-up"]["preempted_s"]) == (30.0, 0.0)
+    assert (got["dropped"]["waiting_s"], got["dropped"]["preempted_s"]) == (1.0, 20.0)
+    assert got["dropped"]["preemptions"] == 1

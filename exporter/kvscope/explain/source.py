@@ -121,21 +121,24 @@ def engine_config(client: Any, engine: str, server: str, at: float) -> dict | No
 
 def worst(client: Any, n: int, since: float, server: str) -> list[dict]:
     """The ``n`` ended requests that lost the most seconds waiting to be admitted and
-    preempted (resumed minus preempted times), most first."""
+    preempted (resumed minus preempted times), most first; one that ended while it waited
+    or sat preempted (aborted) lost the time until its end there."""
     cols = ("request_id", "server", "engine", "waiting_s", "preempted_s", "preemptions")
     return _rows(client, """
         SELECT {cols} FROM (
           SELECT request_id, server, engine,
-            toFloat64(minIf(ts, event = 'admitted')) - toFloat64(minIf(ts, event = 'queued'))
-              AS waiting_s,
+            toFloat64(maxIf(ts, event IN ('finished', 'aborted'))) AS end_s,
+            if(countIf(event = 'admitted') > 0, toFloat64(minIf(ts, event = 'admitted')),
+               end_s) - toFloat64(minIf(ts, event = 'queued')) AS waiting_s,
             sumIf(toFloat64(ts), event = 'resumed') - sumIf(toFloat64(ts), event = 'preempted')
+              + (countIf(event = 'preempted') - countIf(event = 'resumed')) * end_s
               AS preempted_s,
             countIf(event = 'preempted') AS preemptions
           FROM request_events
           WHERE ({s:String} = '' OR server = {s:String})
           GROUP BY server, engine, request_id
           HAVING countIf(event IN ('finished', 'aborted')) > 0
-             AND countIf(event = 'queued') > 0 AND countIf(event = 'admitted') > 0
+             AND countIf(event = 'queued') > 0
              AND toFloat64(minIf(ts, event = 'queued')) >= {since:Float64})
         ORDER BY waiting_s + preempted_s DESC, request_id LIMIT {n:UInt32}""",
                  {"s": server, "since": since, "n": n}, cols)
