@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any
 
@@ -108,32 +109,39 @@ def test_each_preemption_trigger_was_admitted_or_grew_in_that_step(run: Run) -> 
 
 
 def held_by_replay(r: Run, step: int) -> dict[str, int]:
-    """Blocks each request held as ``step`` began, replaying the tracker's events."""
+    """Blocks each request held as ``step`` began, replaying the tracker's events. A
+    request's end comes in the record of the step after vLLM freed its blocks (in
+    ``update_from_output``, before that step's ``schedule()``): one that ends at ``step``
+    held nothing as it began."""
     held: dict[str, int] = {}
-    rows = sorted((e for e in unrolled(r.rows) if isinstance(e, RequestEvent) and e.step < step),
-                  key=lambda e: (e.step, e.ts))
-    for e in rows:
+    events = [e for e in unrolled(r.rows) if isinstance(e, RequestEvent)]
+    for e in sorted((e for e in events if e.step < step), key=lambda e: (e.step, e.ts)):
         if e.event in ("admitted", "resumed", "allocated"):
             held[e.request_id] = e.total_blocks
         else:
+            held.pop(e.request_id, None)
+    for e in events:
+        if e.step == step and e.event in ("finished", "aborted"):
             held.pop(e.request_id, None)
     return {k: v for k, v in held.items() if v > 0}
 
 
 def test_holders_at_each_preemption_are_the_pool_as_the_step_began(run: Run) -> None:  # noqa: F811
-    t = max(run.traces, key=lambda t: (t.preempt_count, t.request_id))
-    (r,) = answer.explain(run.client, t.request_id)["engine_requests"]
-    for p in r["preemptions"]:
-        held = held_by_replay(run, p["step"])
-        h = p["holders"]
-        assert h["held_blocks"] == sum(held.values()) and h["requests"] == len(held)
-        top = sorted(held.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
-        assert [(x["key"], x["blocks"]) for x in h["by_request"]] == top
-        assert held[t.request_id] == p["victim_blocks"]  # the victim held what it lost
-    w = r["waiting"]
-    if w is not None:
-        assert w["holders"]["held_blocks"] == sum(
-            v for k, v in held_by_replay(run, w["step"]).items() if k != t.request_id)
+    """Every preemption of the run, and the waits of the preempted requests."""
+    for t in (t for t in run.traces if t.preempt_count):
+        (r,) = answer.explain(run.client, t.request_id)["engine_requests"]
+        for p in r["preemptions"]:
+            held = held_by_replay(run, p["step"])
+            h = p["holders"]
+            assert h["held_blocks"] == sum(held.values()) and h["requests"] == len(held)
+            top = sorted(held.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
+            assert [(x["key"], x["blocks"]) for x in h["by_request"]] == top
+            assert held[t.request_id] == p["victim_blocks"]  # the victim held what it lost
+        w = r["waiting"]
+        if w is not None:
+            assert w["holders"]["held_blocks"] == sum(
+                v for k, v in held_by_replay(run, w["step"]).items() if k != t.request_id)
+
 
 
 def test_a_waiting_request_is_measured_against_the_engines_usable_blocks(run: Run) -> None:  # noqa: F811
@@ -226,38 +234,74 @@ def test_cli_unknown_id_and_never_preempted(run: Run, capsys: pytest.CaptureFixt
         assert img.size == (png.WIDTH, png.png_height(answer.explain(run.client, rid)))
 
 
-def test_worst_counts_requests_that_ended_waiting_or_preempted(
-        run: Run, chdb_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> None:  # noqa: F811
-    """Aborted in the queue (never admitted: left out before) and aborted while preempted
-    (never resumed: its preempted seconds read about -1.7e9, an epoch time subtracted)."""
+def _ev(rid: str, event: str, step: int, ts: float, blocks: int = -1,
+        detail: str = "") -> RequestEvent:
+    return RequestEvent(ts=ts, model="m", engine="0", server="", request_id=rid, event=event,
+                        step=step, blocks=blocks, total_blocks=blocks, free_blocks=-1,
+                        max_contiguous_free=-1, tokens=0, reason="", detail=detail)
+
+
+@pytest.fixture
+def store_rows(chdb_dsn: str, tmp_path_factory: pytest.TempPathFactory,
+               request: pytest.FixtureRequest) -> Iterator[Any]:
+    """Writes rows through the ClickHouse sink into a database of their own; a client."""
     from kvscope.sinks.base import SinkManager
     from kvscope.store.sink import ClickHouseSink
     from tests.clickhouse.conftest import FAST, clickhouse_connect, database_name
 
-    def ev(rid: str, event: str, step: int, ts: float) -> RequestEvent:
-        return RequestEvent(ts=ts, model="m", engine="0", server="", request_id=rid,
-                            event=event, step=step, blocks=-1, total_blocks=-1,
-                            free_blocks=-1, max_contiguous_free=-1, tokens=0, reason="",
-                            detail="")
+    clients: list[Any] = []
 
+    def store(rows: list[Any]) -> Any:
+        db = database_name(request.node.nodeid)
+        sink = ClickHouseSink(chdb_dsn, database=db, options=FAST,
+                              spool_dir=str(tmp_path_factory.mktemp("spool")))
+        manager = SinkManager([sink])
+        for r in rows:
+            manager.emit(r)
+        assert sink.flush(60)
+        manager.close()
+        clients.append(clickhouse_connect.get_client(dsn=chdb_dsn, database=db))
+        return clients[-1]
+
+    yield store
+    for c in clients:
+        c.close()
+
+
+def test_worst_counts_requests_that_ended_waiting_or_preempted(store_rows: Any) -> None:
+    """Aborted in the queue (never admitted: left out before) and aborted while preempted
+    (never resumed: its preempted seconds read about -1.7e9, an epoch time subtracted)."""
     t0 = 1_800_000_000.0
-    rows = [ev("gave-up", "queued", 1, t0), ev("gave-up", "aborted", 40, t0 + 30.0),
-            ev("dropped", "queued", 2, t0 + 1.0), ev("dropped", "admitted", 3, t0 + 2.0),
-            ev("dropped", "preempted", 5, t0 + 4.0), ev("dropped", "aborted", 30, t0 + 24.0)]
-    db = database_name("worst_unfinished")
-    sink = ClickHouseSink(chdb_dsn, database=db, options=FAST,
-                          spool_dir=str(tmp_path_factory.mktemp("spool_worst")))
-    manager = SinkManager([sink])
-    for r in rows:
-        manager.emit(r)
-    assert sink.flush(60)
-    manager.close()
-    client = clickhouse_connect.get_client(dsn=chdb_dsn, database=db)
-    try:
-        got = {r["request_id"]: r for r in answer.worst(client, 5, 0)["requests"]}
-    finally:
-        client.close()
+    client = store_rows([
+        _ev("gave-up", "queued", 1, t0), _ev("gave-up", "aborted", 40, t0 + 30.0),
+        _ev("dropped", "queued", 2, t0 + 1.0), _ev("dropped", "admitted", 3, t0 + 2.0),
+        _ev("dropped", "preempted", 5, t0 + 4.0), _ev("dropped", "aborted", 30, t0 + 24.0)])
+    got = {r["request_id"]: r for r in answer.worst(client, 5, 0)["requests"]}
     assert set(got) == {"gave-up", "dropped"}
     assert (got["gave-up"]["waiting_s"], got["gave-up"]["preempted_s"]) == (30.0, 0.0)
     assert (got["dropped"]["waiting_s"], got["dropped"]["preempted_s"]) == (1.0, 20.0)
     assert got["dropped"]["preemptions"] == 1
+
+
+def test_a_request_that_ended_in_the_preemptions_step_held_nothing_as_it_began(
+        store_rows: Any) -> None:
+    """vLLM frees a finished request's blocks in update_from_output, before the next
+    schedule(); the probe sends its end with that next step's record. "done" ended in
+    step 5, the step "victim" was preempted in: it held none of the pool as step 5
+    began, and was listed as holding its 10 blocks."""
+    t0 = 1_800_000_000.0
+    client = store_rows([
+        _ev("done", "queued", 1, t0), _ev("done", "admitted", 1, t0 + 0.1, blocks=10),
+        _ev("victim", "queued", 1, t0), _ev("victim", "admitted", 2, t0 + 0.2, blocks=4),
+        _ev("other", "queued", 1, t0), _ev("other", "admitted", 2, t0 + 0.2, blocks=3),
+        _ev("done", "finished", 5, t0 + 0.5),
+        _ev("victim", "preempted", 5, t0 + 0.51, blocks=4,
+            detail="requester=other blocks_needed=2"),
+        _ev("other", "finished", 8, t0 + 0.8),
+        _ev("victim", "resumed", 6, t0 + 0.6, blocks=4),
+        _ev("victim", "finished", 9, t0 + 0.9)])
+    (r,) = answer.explain(client, "victim")["engine_requests"]
+    (p,) = r["preemptions"]
+    assert [(x["key"], x["blocks"]) for x in p["holders"]["by_request"]] == [
+        ("victim", 4), ("other", 3)]
+    assert p["holders"]["held_blocks"] == 7

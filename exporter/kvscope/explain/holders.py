@@ -2,8 +2,9 @@
 request, client and user agent; and whether a waiting request could ever have fitted.
 
 A request's blocks as a step began are the ``total_blocks`` of its last event before that
-step (0 after it was queued, preempted or ended), so the figure is the tracker's own
-ledger of the request, not a sample.
+step (0 after it was queued, preempted or ended, and for one whose end came in that step's
+record: ``source.live_events``), so the figure is the tracker's own ledger of the request,
+not a sample.
 """
 
 from __future__ import annotations

@@ -51,10 +51,15 @@ def request_events(client: Any, engine: str, server: str, rid: str) -> list[dict
 
 def live_events(client: Any, engine: str, server: str, step: int) -> list[dict]:
     """Events before ``step`` of every request that still had an event at or after it: the
-    requests that could hold blocks as that step began."""
+    requests that could hold blocks as that step began. A request whose end came in
+    ``step``'s record is not one: vLLM freed its blocks in ``update_from_output``, before
+    that step's ``schedule()``, and the probe sends the end with the next step's record."""
     return events(client, "engine = {e:String} AND server = {s:String} AND step < {n:Int64} "
                           "AND request_id IN (SELECT request_id FROM request_events_all WHERE "
-                          "engine = {e:String} AND server = {s:String} AND step >= {n:Int64})",
+                          "engine = {e:String} AND server = {s:String} AND step >= {n:Int64}) "
+                          "AND request_id NOT IN (SELECT request_id FROM request_events WHERE "
+                          "engine = {e:String} AND server = {s:String} AND step = {n:Int64} "
+                          "AND event IN ('finished', 'aborted'))",
                   {"e": engine, "s": server, "n": step})
 
 
