@@ -210,7 +210,9 @@ class Recorder(PoolMirror):
             needed = None
         requester_req = self.sched.requests.get(requester) if requester else None
         requester_prio = int(requester_req.priority) if requester_req is not None else None
-        victim_blocks = sum(len(g) for g in self.mgr.get_block_ids(victim))
+        # held, not table entries: a sliding-window or Mamba group keeps vLLM's null block
+        # (block 0, checked at attach: mirror.py) in place of each block it let go
+        victim_blocks = sum(len(g) - g.count(0) for g in self.mgr.get_block_ids(victim))
         reason = classify(
             policy=self.policy,
             in_schedule=self.in_schedule,

@@ -106,7 +106,8 @@ class Preemption(msgspec.Struct, array_like=True, frozen=True, gc=False):
 
     victim: str
     victim_blocks: int
-    """Blocks the victim held (all KV groups)."""
+    """Blocks the victim held (all KV groups; prefix blocks it shared counted, the null
+    placeholders a sliding-window or Mamba group keeps in its table not)."""
     victim_priority: int
     computed_tokens_lost: int
     """The victim's computed tokens, discarded by the preemption."""

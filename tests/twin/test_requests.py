@@ -194,3 +194,31 @@ def test_rows_no_sink_takes_are_not_built_and_traces_do_not_change() -> None:
 
 def vars_of(row: object) -> dict[str, object]:
     return {k: getattr(row, k) for k in row.__slots__}  # type: ignore[attr-defined]
+
+
+def test_a_victims_blocks_are_the_ones_it_held_not_its_null_placeholders() -> None:
+    """A sliding-window group's table keeps vLLM's null block in place of each block that
+    left the window; the probe counted those as blocks the victim held (12 where it held
+    8 in this run), and explain said it lost them. The truth is read from vLLM's own
+    block IDs at each preemption."""
+    pt = ProbedTwin(TwinConfig(num_blocks=80, layout="full+sliding", sliding_window=64),
+                    seed=5)
+    rows: list[object] = []
+    tracker = RequestTracker(rows.append)
+    pt.hub.listeners.append(tracker.on_event)
+    rec = pt.rec
+    null = rec.pool.null_block.block_id
+    truth: list[tuple[int, int]] = []  # (table entries, blocks held) of each victim
+    on_preempt = rec.on_preempt
+
+    def seen(req: Any) -> None:
+        ids = rec.mgr.get_block_ids(req.request_id)
+        truth.append((sum(map(len, ids)), sum(b != null for g in ids for b in g)))
+        on_preempt(req)
+
+    rec.on_preempt = seen
+    pt.run(generate(WorkloadSpec(n_requests=80, seed=5)))
+    tracker.flush(pt.hub.engines)
+    got = [e.blocks for e in rows if isinstance(e, RequestEvent) and e.event == "preempted"]
+    assert got == [held for _, held in truth] and len(got) >= 2
+    assert any(entries > held for entries, held in truth)  # a victim held placeholders
