@@ -364,3 +364,18 @@ def test_a_call_of_several_engine_requests_writes_its_row_with_all_of_them() -> 
     horizon[0] = 104.5
     j.on_client(end(rid=other, ts=104.0))
     assert rows(out)[-1].request_id == other and rows(out)[-1].preempt_count == 2
+
+
+def test_a_request_folded_into_other_is_counted_once() -> None:
+    """The overflow counter counts requests folded into ``other``: each joined trace of
+    a request counted it again, with or without a preemption."""
+    j, out = join(max_clients=1, max_user_agents=1)
+    for i, who in enumerate(("a", "b")):
+        rid = f"kvs{i:032x}"
+        j.on_client(start(rid=rid, client=who, agent=f"ua/{who}"))
+        j.on_trace(trace(f"0_cmpl-{rid}-0-aaaaaaaa", preempts=1))
+        j.on_trace(trace(f"1_cmpl-{rid}-0-bbbbbbbb", preempts=0))
+        j.on_client(end(rid=rid))
+    assert [r.client_id for r in rows(out)] == ["a", "b"]
+    assert (j.stats.clients.overflow, j.stats.agents.overflow) == (1, 1)
+    assert j.stats.preemptions == {"a": 1, "other": 1}

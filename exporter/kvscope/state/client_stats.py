@@ -14,21 +14,23 @@ def client_label(client_id: str, api_key_hash: str) -> str:
 
 
 class LabelSlots:
-    """At most ``limit`` distinct label values; the rest become ``other``."""
+    """At most ``limit`` distinct label values; the rest become ``other``. ``overflow``
+    counts the requests folded into ``other``: once each, where ``count`` is true (a
+    request's row; its traces ask again with ``count=False``)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.values: set[str] = set()
         self.overflow = 0
 
-    def __call__(self, value: str) -> str:
+    def __call__(self, value: str, *, count: bool = True) -> str:
         value = "".join(ch for ch in value[:256] if ch.isprintable())[:64] or "empty"
         if value in self.values:
             return value
         if len(self.values) < self.limit:
             self.values.add(value)
             return value
-        self.overflow += 1
+        self.overflow += count
         return "other"
 
 

@@ -224,8 +224,8 @@ class ClientJoin:
         c.engine_ids.append(trace.request_id)
         c.preemptions += trace.preempt_count
         c.reason = trace.preempt_reason or c.reason
-        label = st.clients(c.label)
-        agent = st.agents(s.user_agent)
+        label = st.clients(c.label, count=False)  # counted once, with the call's row
+        agent = st.agents(s.user_agent, count=False)
         if trace.preempt_count:
             st.bump(st.preempted_requests, label)
             st.bump(st.preemptions, label, trace.preempt_count)
