@@ -27,7 +27,7 @@ def client_rows() -> list[ClientRequest]:
         rid = f"kvs{n:032x}"
         n += 1
         join.on_client(start(rid=rid, client=client, prompt=prompt, ts=now + dt, agent=agent))
-        join.on_trace(trace(f"cmpl-{rid}-0-abcdef12", preempts=preempts))
+        join.on_trace(trace(f"cmpl-{rid}-0-abcdef12", preempts=preempts, arrival=now + dt + 0.1))
         join.on_client(wire.ClientEnd(rid, now + dt + 0.5, status, 0.5))
 
     for i in range(3):

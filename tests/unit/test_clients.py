@@ -379,3 +379,36 @@ def test_a_request_folded_into_other_is_counted_once() -> None:
     assert [r.client_id for r in rows(out)] == ["a", "b"]
     assert (j.stats.clients.overflow, j.stats.agents.overflow) == (1, 1)
     assert j.stats.preemptions == {"a": 1, "other": 1}
+
+
+def test_a_long_call_keeps_its_row() -> None:
+    """A call is kept until its answer however long it runs (a slow, much-preempted
+    request is the one to see): calls were forgotten 600 s after their start, and such a
+    call's answer found nothing (no row, its trace counted unjoined)."""
+    clock = Clock()
+    j, out = join(join_wait_s=5, clock=clock, keep_s=600)
+    j.on_client(start(ts=100.0))
+    ticking(j, clock, 650.0, every_s=1.0)
+    j.on_trace(trace(f"cmpl-{RID}-0-deadbeef", preempts=4, arrival=100.1))
+    j.on_client(end(ts=750.0))
+    (row,) = rows(out)
+    assert row.preempt_count == 4 and j.stats.unjoined_traces == 0
+    ticking(j, clock, 599.0, every_s=1.0)
+    assert RID in j.by_key  # kept keep_s after its answer, for late traces
+    ticking(j, clock, 2.0, every_s=1.0)
+    assert not j.calls and not j.by_key
+
+
+def test_a_trace_outside_the_only_calls_span_is_not_joined_to_it() -> None:
+    """One call known under an ID and a trace of that ID that arrived before the call
+    started (another caller's reuse, or a call the middleware does not see): it joined
+    that call whatever its time, and its preemption was counted against that client."""
+    clock = Clock()
+    j, out = join(join_wait_s=5, clock=clock)
+    j.on_client(start(ts=100.0))
+    j.on_client(end(ts=105.0))
+    j.on_trace(trace(f"cmpl-{RID}-0-deadbeef", preempts=1, arrival=200.0))
+    ticking(j, clock, 6.0)
+    (t,) = traces(out)
+    assert t.client_id == "" and j.stats.unjoined_traces == 1
+    assert j.stats.preemptions == {}

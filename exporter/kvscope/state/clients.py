@@ -9,10 +9,11 @@ middleware does. (vLLM's deprecated ``VLLM_DISABLE_REQUEST_ID_RANDOMIZATION`` dr
 8 hex digits; such traces do not join.)
 
 A caller may reuse an ID. Start and end events pair on the middleware's ``call_id``; a
-trace joins the one start of its key, or, when several starts share it, the one whose
-span (start to answer) holds the trace's arrival, stamped by vLLM in the same API-server
-process. When that is not exactly one start (concurrent requests under one ID) the trace
-is written without client fields and counted unjoined: never guessed.
+trace joins the one call of its key whose span (start to answer) holds the trace's
+arrival, stamped by vLLM in the same API-server process. When that is not exactly one
+call (concurrent requests under one ID; none, as for a call the middleware does not see)
+the trace is written without client fields and counted unjoined: never guessed. A call is
+kept until its answer (``MAX_OPEN_S`` at most) and ``keep_s`` after it.
 
 Once a middleware has spoken, a trace whose start has not arrived waits up to
 ``join_wait_s``, then is written unjoined and counted; without one, traces go straight
@@ -51,6 +52,9 @@ _ENGINE_ID = re.compile(r"(?:\d+_)?(chatcmpl|cmpl)-(.*)-[0-9a-f]{8}", re.DOTALL)
 MAX_PENDING = 100_000
 MAX_SAME_KEY = 16
 """Starts kept per request ID; a busier ID is ambiguous anyway."""
+MAX_OPEN_S = 86_400.0
+"""How long a call without its answer is kept (its answer event lost: the API server
+died). An answered one is kept ``keep_s`` after its answer, for late traces."""
 LATE_ROW_S = 60.0
 """How much longer than ``join_wait_s`` an answered call's row waits for engines whose
 records have not passed the answer's time: one whose clock lags the API server's (one that
@@ -110,6 +114,8 @@ class ClientJoin:
         self.keep_s = keep_s
         self.clock = clock
         self.calls: OrderedDict[str, _Call] = OrderedDict()  # by call_id, in start order
+        self.open: OrderedDict[str, None] = OrderedDict()  # not answered, in start order
+        self.answered: OrderedDict[str, float] = OrderedDict()  # clock at the answer
         self.by_key: dict[str, list[_Call]] = {}
         self.last_prompt: OrderedDict[tuple[str, str], tuple[float, str]] = OrderedDict()
         self.held: list[tuple[float, str, RequestTrace]] = []
@@ -142,6 +148,7 @@ class ClientJoin:
         self.last_prompt[key] = (s.ts, s.request_id)
         self.last_prompt.move_to_end(key)
         self.calls[call_id] = c
+        self.open[call_id] = None
         same = self.by_key.setdefault(s.request_id, [])
         same.append(c)
         del same[:-MAX_SAME_KEY]
@@ -152,6 +159,8 @@ class ClientJoin:
 
     def _forget(self, call_id: str) -> None:
         c = self.calls.pop(call_id)
+        self.open.pop(call_id, None)
+        self.answered.pop(call_id, None)
         same = self.by_key.get(c.start.request_id, [])
         if c in same:
             same.remove(c)
@@ -159,10 +168,13 @@ class ClientJoin:
             self.by_key.pop(c.start.request_id, None)
 
     def _end(self, e: wire.ClientEnd) -> None:
-        c = self.calls.get(e.call_id or e.request_id)
+        call_id = e.call_id or e.request_id
+        c = self.calls.get(call_id)
         if c is None or c.end is not None:
             return
         c.end = e
+        self.open.pop(call_id, None)
+        self.answered[call_id] = self.clock()
         if c.engine_ids and self._past_answer(c):
             self._write_row(c)
         else:  # the engine's trace usually lands just after the HTTP answer: wait for it
@@ -210,8 +222,7 @@ class ClientJoin:
     def _settle(self, key: str, trace: RequestTrace) -> bool:
         """Join the trace to its call, or write it unjoined when several calls could own
         it; False when no call of its key could (yet)."""
-        same = self.by_key.get(key, [])
-        spanning = same if len(same) == 1 else [c for c in same if c.spans(trace.arrival_ts)]
+        spanning = [c for c in self.by_key.get(key, []) if c.spans(trace.arrival_ts)]
         if len(spanning) == 1:
             self._join(spanning[0], trace)
         elif spanning:
@@ -265,9 +276,14 @@ class ClientJoin:
                 self._write_row(c)
             else:
                 self.rows_waiting.append((deadline, c))
-        while self.calls:
-            call_id, first = next(iter(self.calls.items()))
-            if now - first.seen < self.keep_s:
+        while self.answered:
+            call_id, answered = next(iter(self.answered.items()))
+            if now - answered < self.keep_s:
+                break
+            self._forget(call_id)
+        while self.open:
+            call_id = next(iter(self.open))
+            if now - self.calls[call_id].seen < MAX_OPEN_S:
                 break
             self._forget(call_id)
 
