@@ -261,7 +261,8 @@ def test_filters_select_nothing_for_another_model(run: Run) -> None:
 
 def _fill(q: query.SavedQuery) -> dict[str, str]:
     """A value for each parameter without a default (e.g. the layout heatmap's)."""
-    sample = {"String": "", "DateTime64(3)": "2026-01-01 00:00:00.000"}
+    sample = {"String": "", "DateTime64(3)": "2026-01-01 00:00:00.000",
+              "DateTime64(3, 'UTC')": "2026-01-01 00:00:00.000"}
     return {k: sample.get(t, "1") for k, t in q.types.items() if k not in q.defaults}
 
 

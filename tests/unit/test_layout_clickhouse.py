@@ -58,6 +58,12 @@ def check(data_dir: str) -> dict[str, Any]:
                                            "time_bucket_s": 60}).result_rows
     pairs = client.query(sql, parameters={**params, "block_bucket": 2,
                                           "time_bucket_s": 60}).result_rows
+    # a --param given as text is UTC, in a store whose time zone is not (it was read in
+    # the session's zone: nine hours off in Tokyo)
+    utc_text = {k: datetime.fromtimestamp(params[k], tz=timezone.utc).strftime(
+        "%Y-%m-%d %H:%M:%S.%f")[:-3] for k in ("since", "until")}
+    tokyo = client.query(sql, parameters={**params, **utc_text},
+                         settings={"session_timezone": "Asia/Tokyo"}).result_rows
     other = client.query(sql, parameters={**params, "engine": "9"}).result_rows
     group1 = client.query(sql, parameters={**params, "kv_group": 1}).result_rows
     return {
@@ -69,6 +75,7 @@ def check(data_dir: str) -> dict[str, Any]:
                   for c in cells],
         "coarse": [[c[1], c[2]] for c in coarse],
         "pairs": [[c[1], c[2]] for c in pairs],
+        "tokyo_same": tokyo == cells and len(cells) > 0,
         "other": len(other),
         "group1": len(group1),
         "t0": t0,
@@ -98,6 +105,7 @@ def test_layout_rows_and_the_heatmap_query_on_chdb(tmp_path: Path) -> None:
     # cells of 2 blocks: blocks 0-1 were null twice and allocated twice, 4-5 allocated
     # twice and cached twice; a tie goes to the higher state, in every run
     assert got["pairs"] == [[0, 3], [2, 2], [4, 2], [6, 1]]
+    assert got["tokyo_same"] is True
     assert got["other"] == 0 and got["group1"] == 0  # one KV group: group 1 holds nothing
     print(f"chDB layout check: {time.monotonic() - started:.1f} s")
 

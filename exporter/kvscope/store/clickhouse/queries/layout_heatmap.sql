@@ -5,7 +5,8 @@
 -- going to the higher state (0 free, 1 cached, 2 allocated, 3 null: map these four
 -- values to colours). The tie-break makes every run give the same cells: topK's order
 -- among equal counts is not fixed, and two runs of one query disagreed.
--- Parameters: engine, model ('' = any), since / until (DateTime64(3), UTC),
+-- Parameters: engine, model ('' = any), since / until (UTC, whatever the store's time
+-- zone: 'YYYY-MM-DD hh:mm:ss[.fff]' or epoch seconds),
 -- time_bucket_s (1 = every sample), block_bucket (1 = every block), kv_group (-1 = all
 -- groups; g = blocks of group g and the shared free ones).
 -- Grafana (ClickHouse plugin): engine = '${engine}', model = '${model}',
@@ -32,8 +33,8 @@ FROM
     WHERE engine = {engine:String}
       AND ({server:String} = '' OR server = {server:String})
       AND ({model:String} = '' OR model = {model:String})
-      AND ts >= {since:DateTime64(3)}
-      AND ts <= {until:DateTime64(3)}
+      AND ts >= {since:DateTime64(3, 'UTC')}
+      AND ts <= {until:DateTime64(3, 'UTC')}
       AND ({kv_group:Int8} = -1 OR grp = -1 OR grp = {kv_group:Int8})
     GROUP BY time, block, state
 )
