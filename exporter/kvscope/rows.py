@@ -258,12 +258,14 @@ class LayoutSnapshotRow:
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    """One row per probe session: the engine's settings as its hello states them (table
+    """A row per probe session: the engine's settings as its hello states them (table
     ``engine_configs``), so a replay of its traffic can be rebuilt from the store alone
-    (``kvscope explain --counterfactual``)."""
+    (``kvscope explain --counterfactual``); written again every hour of engine time
+    (``requests.CONFIG_EVERY_S``), so the store's TTL never leaves a running engine
+    without one."""
 
     ts: float
-    """When the probe attached (the hello's time)."""
+    """When the probe attached (the hello's time), or when the row was written again."""
     model: str
     engine: str
     session: str

@@ -305,3 +305,29 @@ def test_query_command_formats(run: Run, capsys: pytest.CaptureFixture[str],
     assert query.run(cli("no_such_query", *base)) == 2
     assert query.run(cli("preemption_cost", "--dsn",
                          f"chdb://{tmp_path}/missing")) == 1
+
+
+def test_engine_settings_lists_each_session_once_from_its_attach(
+        run: Run, chdb_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A session's row is written again every hour (CONFIG_EVERY_S), so the store may hold
+    several rows of one session: the query lists it once, attached at its first."""
+    (config,) = [r for r in run.rows if isinstance(r, EngineConfig)]
+    again = [replace(config, ts=config.ts + h * 3600.0) for h in (1, 2)]
+    later = replace(config, session="s-later", ts=config.ts + 3 * 3600.0, num_blocks=99)
+    db = database_name("engine_settings_sessions")
+    sink = ClickHouseSink(chdb_dsn, database=db, options=FAST,
+                          spool_dir=str(tmp_path_factory.mktemp("spool_settings")))
+    manager = SinkManager([sink])
+    for r in (config, *again, later):
+        manager.emit(r)
+    assert sink.flush(60)
+    manager.close()
+    client = clickhouse_connect.get_client(dsn=chdb_dsn, database=db)
+    try:
+        got = saved(Run(client, [], [], [], chdb_dsn, db), "engine_settings")
+    finally:
+        client.close()
+    assert [(g["session"], g["num_blocks"]) for g in got] == [
+        ("s-later", 99), (config.session, config.num_blocks)]
+    assert ms(epoch(got[1]["attached"]) + got[1]["attached"].microsecond / 1e6) == ms(
+        config.ts)

@@ -105,3 +105,27 @@ def test_groups_are_checked_against_the_layout_and_read_back_as_written() -> Non
         parse_groups("sliding+mla")
     (error,) = TwinConfig(layout="full", groups=("sliding", "full")).validate()
     assert error == "groups must be full groups for layout full, got sliding+full."
+
+
+def test_an_engines_settings_are_written_again_within_the_stores_retention() -> None:
+    """The row was written once per probe session, stamped with its hello: after
+    --clickhouse-ttl-days of uptime the store dropped it, and every later trace of that
+    engine fell out of tail_waste_by_prompt_len and explain --counterfactual ("no stored
+    configuration"). It is written again each CONFIG_EVERY_S of engine time, stamped
+    with the step that wrote it."""
+    from kvscope.rows import EngineConfig
+    from kvscope.state.requests import CONFIG_EVERY_S, RequestTracker
+    from tests.unit.test_hub import feed
+    from tests.unit.test_wire import step
+
+    hub = Hub()
+    rows: list[object] = []
+    hub.listeners.append(RequestTracker(rows.append).on_event)
+    t0 = 1_800_000_000.0
+    kf = wire.Keyframe(hello=hello(ts=t0), states=bytes([3] + [0] * 7), tables={}, tokens={})
+    feed(hub, [hello(ts=t0), kf], 0)
+    feed(hub, [step(ts=t0 + s) for s in (1.0, CONFIG_EVERY_S - 1, CONFIG_EVERY_S + 2,
+                                         2 * CONFIG_EVERY_S + 2.5)], 2)
+    got = [r for r in rows if isinstance(r, EngineConfig)]
+    assert [r.ts for r in got] == [t0, t0 + CONFIG_EVERY_S + 2, t0 + 2 * CONFIG_EVERY_S + 2.5]
+    assert len({(r.session, r.num_blocks, tuple(r.kv_group_kinds)) for r in got}) == 1

@@ -28,6 +28,12 @@ from kvscope_probe import wire
 
 Emit = Callable[[Any], None]
 MAX_LIVE_REQUESTS = 100_000
+CONFIG_EVERY_S = 3600.0
+"""Engine seconds after which an engine's ``engine_configs`` row is written again (stamped
+with the step that writes it): readers take the latest row at or before a request, and
+the store drops rows ``--clickhouse-ttl-days`` after their time, so a row written once
+at the probe's hello was gone after that much uptime while the engine's requests kept
+coming."""
 
 
 class RequestTracker:
@@ -42,6 +48,8 @@ class RequestTracker:
         self.rollups = Rollups(emit, self._decision)
         self.prefilling: dict[str, set[str]] = {}
         self.allocations: dict[str, Allocations] = {}
+        self.config_due: dict[str, float] = {}
+        """Engine time at which each engine's settings row is written again."""
         self.evicted = 0
 
     # -- dispatch -----------------------------------------------------------------
@@ -55,6 +63,7 @@ class RequestTracker:
             self.rollups.forget(st.key)
             if self.wants("engine_configs"):
                 self.emit(engine_config(st))
+            self.config_due[st.key] = st.hello.ts + CONFIG_EVERY_S
         elif kind == "step":
             self._step(st, payload)  # type: ignore[arg-type]
         elif kind == "preemption":
@@ -196,6 +205,10 @@ class RequestTracker:
             self.evicted += 1
         if allocs is not None:
             allocs.flush_due(s.ts, self.emit)
+        if s.ts >= self.config_due.get(st.key, s.ts):
+            self.config_due[st.key] = s.ts + CONFIG_EVERY_S
+            if self.wants("engine_configs"):
+                self.emit(engine_config(st, s.ts))
 
     def _pending(self, st: EngineState) -> set[str]:
         """Requests admitted whose first output token has not been seen yet."""
@@ -315,11 +328,13 @@ class _Either:
         return x in self.a or x in self.b
 
 
-def engine_config(st: EngineState) -> EngineConfig:
-    """The ``engine_configs`` row of ``st``'s probe session, from its hello."""
+def engine_config(st: EngineState, ts: float | None = None) -> EngineConfig:
+    """The ``engine_configs`` row of ``st``'s probe session, from its hello; stamped with
+    the hello's time, or ``ts`` (written again: ``CONFIG_EVERY_S``)."""
     h = st.hello
     return EngineConfig(
-        ts=h.ts, model=h.model, engine=st.engine, server=st.server, session=h.session,
+        ts=h.ts if ts is None else ts, model=h.model, engine=st.engine, server=st.server,
+        session=h.session,
         vllm_version=h.vllm_version, num_blocks=h.num_blocks, block_size=h.block_size,
         kv_group_kinds=[g.kind for g in h.kv_groups],
         kv_group_block_sizes=[g.block_size for g in h.kv_groups],

@@ -1,8 +1,10 @@
--- Each engine's settings, one row per probe session (kvscope.rows.EngineConfig), as its
+-- Each engine's settings, a row per probe session (kvscope.rows.EngineConfig), as its
 -- hello states them: the pool, the KV cache groups, the scheduler's limits and kind. A
 -- replay of the engine's traffic is rebuilt from this row alone (kvscope explain
 -- --counterfactual with no settings). A sidecar that restarts writes the row of a session
--- it already wrote again; readers take the latest row at or before the time they ask for.
+-- it already wrote again, and writes it again every hour of the engine's time, so the TTL
+-- never leaves a running engine without one; readers take the latest row at or before the
+-- time they ask for.
 -- Placeholders: {database}, {ttl_days}.
 CREATE TABLE IF NOT EXISTS {database}.engine_configs
 (
