@@ -1,5 +1,6 @@
 -- How full was one engine's KV block pool at each layout sample over a time range? Per
--- sample (about once a second): free blocks (evictable prefix-cache blocks included),
+-- stored sample (one every --layout-store-interval, 60 s by default; the live page samples
+-- every second but stores that one): free blocks (evictable prefix-cache blocks included),
 -- cached (free but holding prefix-cache data), used, the longest run of consecutive free
 -- block IDs, and running / waiting requests. The same samples as layout_heatmap.sql.
 -- @param model = ''   one model ('' = any)

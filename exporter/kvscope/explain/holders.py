@@ -48,8 +48,10 @@ def top_holders(held: dict[str, int], who: dict[str, dict], top: int = TOP) -> d
 
 
 def trigger_event(step_events: list[dict], requester: str) -> dict | None:
-    """The requester's own event in the preemption's step: it was admitted, resumed or
-    grew there (None: no such event, or no requester recorded)."""
+    """The requester's own event in the preemption's step: its growth there (None: no
+    such event, or no requester recorded). vLLM preempts only while it grows running
+    requests, and a step that preempts admits and resumes nothing (0.32 scheduler.py
+    900), so the event found is an allocation."""
     if not requester:
         return None
     return next((e for e in step_events if e["request_id"] == requester

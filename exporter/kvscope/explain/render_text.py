@@ -35,7 +35,7 @@ def engine_request(r: dict[str, Any]) -> list[str]:
         out.append(f"    {k:<12} {span['seconds']:>10.3f} s {span['steps']:>7} steps{note}")
     if r.get("outside_engine_s") is not None:
         out.append(f"    {'outside':<12} {r['outside_engine_s']:>10.3f} s  (the API server's "
-                   "time beyond the engine's: HTTP, tokenizing, detokenizing)")
+                   "time beyond the engine's: HTTP, detokenizing)")
     out.append("  timeline:")
     for e in r["timeline"]:
         out.append(f"    {clock(e['ts'])}  step {e['step']:>6}  {e['event']:<9} "

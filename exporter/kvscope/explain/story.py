@@ -51,7 +51,7 @@ class Preemption:
     layout: dict | None = None
     """The layout sample at or before its step, its blocks marked (``answer.layout_json``)."""
     trigger: dict | None = None
-    """The requester's own event in that step (admitted, resumed or allocated), if any."""
+    """The requester's own event in that step (its growth: ``holders.trigger_event``)."""
 
 
 @dataclass

@@ -1,10 +1,10 @@
 """The per-deployment secret that keys prompt and API-key digests before anything keeps them.
 
 The middleware sends unkeyed SHA-256 digests over the probe socket; the sidecar replaces
-each with ``HMAC-SHA256(secret, kind + digest)`` (16 hex digits) before it stores,
-compares or labels anything. Without the secret a stored hash cannot confirm a guessed
-prompt or key; with one secret, equal prompts still get equal hashes (duplicates are
-found). The secret lives only in the sidecar: vLLM's API server never needs it.
+each with ``HMAC-SHA256(secret, kind + "\\0" + digest)`` (its first 16 hex digits) before
+it stores, compares or labels anything. Without the secret a stored hash cannot confirm a
+guessed prompt or key; with one secret, equal prompts still get equal hashes (duplicates
+are found). The secret lives only in the sidecar: vLLM's API server never needs it.
 
 It is read at start from ``--hash-key-file``, or from ``<data dir>/hash.key``, which is
 generated (32 random bytes, hex, mode 0600) when absent. It is never logged. Sidecars that

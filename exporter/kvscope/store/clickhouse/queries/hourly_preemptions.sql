@@ -1,8 +1,10 @@
 -- Hourly preemption rate over the last `days` days, the classic question: per hour (UTC),
 -- requests that ended, how many were preempted at least once (preemption_rate = the
 -- share of them), preemptions, the average blocks the failed allocation needed, and the
--- lowest max-contiguous-free run seen at a preemption (scheduler_decisions) and at an
--- admission (request_traces). Hours with neither requests nor preemptions are absent.
+-- lowest max-contiguous-free run seen at a preemption (scheduler_decisions) and at the
+-- admission of the requests that ended in the hour (request_traces: a request's row is
+-- written at its end, so its admission's run falls in the hour it ended). Hours with
+-- neither requests nor preemptions are absent.
 -- On vLLM V1 a short contiguous run never causes a preemption by itself: compare free
 -- blocks with blocks needed in blocks_needed_vs_free.sql.
 -- @param days = 7      window, in days back from now

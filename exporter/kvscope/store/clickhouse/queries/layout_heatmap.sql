@@ -7,7 +7,8 @@
 -- among equal counts is not fixed, and two runs of one query disagreed.
 -- Parameters: engine, model ('' = any), since / until (UTC, whatever the store's time
 -- zone: 'YYYY-MM-DD hh:mm:ss[.fff]' or epoch seconds),
--- time_bucket_s (1 = every sample), block_bucket (1 = every block), kv_group (-1 = all
+-- time_bucket_s (1 = every stored sample: one every --layout-store-interval, 60 s by
+-- default), block_bucket (1 = every block), kv_group (-1 = all
 -- groups; g = blocks of group g and the shared free ones).
 -- Grafana (ClickHouse plugin): engine = '${engine}', model = '${model}',
 -- since = $__fromTime, until = $__toTime, time_bucket_s = greatest($__interval_s, 1);
