@@ -305,3 +305,31 @@ def test_a_request_that_ended_in_the_preemptions_step_held_nothing_as_it_began(
     assert [(x["key"], x["blocks"]) for x in p["holders"]["by_request"]] == [
         ("victim", 4), ("other", 3)]
     assert p["holders"]["held_blocks"] == 7
+
+
+def test_the_pool_at_a_step_is_read_from_the_requests_own_run(store_rows: Any) -> None:
+    """Step numbers restart with every run of an engine (its restart or the sidecar's).
+    A request of an earlier run (a1: admitted at step 5, ended at step 60) was listed as
+    holding the pool at step 20 of a later run, and a later run's events (c1) were read
+    as the step after a resume. Runs an hour apart, and a run after the asked one."""
+    t0, t1, t2 = 1_800_000_000.0, 1_800_003_600.0, 1_800_007_200.0
+    client = store_rows([
+        # an earlier run
+        _ev("a1", "queued", 1, t0), _ev("a1", "admitted", 5, t0 + 0.05, blocks=8),
+        _ev("a1", "finished", 60, t0 + 1.0),
+        # the asked request's run
+        _ev("b2", "queued", 1, t1), _ev("b2", "admitted", 2, t1 + 0.02, blocks=3),
+        _ev("b1", "queued", 1, t1), _ev("b1", "admitted", 2, t1 + 0.02, blocks=4),
+        _ev("b1", "preempted", 20, t1 + 0.2, blocks=4,
+            detail="requester=b2 blocks_needed=2"),
+        _ev("b1", "resumed", 25, t1 + 0.25, blocks=4),
+        _ev("b2", "finished", 30, t1 + 0.3), _ev("b1", "finished", 40, t1 + 0.4),
+        # a later run
+        _ev("c1", "queued", 1, t2), _ev("c1", "admitted", 26, t2 + 0.1, blocks=9),
+        _ev("c1", "finished", 80, t2 + 1.0)])
+    (r,) = answer.explain(client, "b1")["engine_requests"]
+    (p,) = r["preemptions"]
+    assert [(x["key"], x["blocks"]) for x in p["holders"]["by_request"]] == [
+        ("b1", 4), ("b2", 3)]
+    # recomputing ends as the step after the resume began: b2's end at step 30
+    assert r["lost"]["recomputing"]["seconds"] == pytest.approx(0.3 - 0.25)

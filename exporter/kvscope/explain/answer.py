@@ -47,31 +47,29 @@ def request_answer(client: Any, rid: str, who: dict[str, dict]) -> dict[str, Any
         return None
     model, server, engine = engines[0]
     events = source.request_events(client, engine, server, rid)
-    story = build(events, lambda n: source.first_event_after(client, engine, server, n))
+    run = source.run_of(client, events)
+    story = build(events, lambda n: source.first_event_after(client, run, n))
     trace = source.traces(client, [rid]).get(rid)
     lo, hi = events[0]["ts"], events[-1]["ts"]
     decided = source.decisions(client, engine, server, DECISIONS, lo, hi)
     for p in story.preemptions:
-        _pool_at_preemption(client, story, p)
+        _pool_at_preemption(client, run, story, p)
     return {
         "request_id": rid, "model": model, "server": server, "engine": engine,
         "trace": trace, "timeline": events, "spans": spans(events),
         "lost": {k: getattr(story, k).as_json() for k in
                  ("waiting", "preempted", "recomputing", "running", "total")},
         "preemptions": [_preemption(p, decided) for p in story.preemptions],
-        "waiting": _waiting(client, story, trace, decided),
+        "waiting": _waiting(client, run, story, trace, decided),
         "verdict": verdict(story),
     }
 
 
-def _pool_at_preemption(client: Any, story: Story, p: Preemption) -> None:
+def _pool_at_preemption(client: Any, run: source.Run, story: Story, p: Preemption) -> None:
     step = p.event["step"]
-    held = holders.blocks_held(source.live_events(client, story.engine, story.server, step))
-    step_events = source.events(client, "engine = {e:String} AND server = {s:String} AND "
-                                        "step = {n:Int64}",
-                                {"e": story.engine, "s": story.server, "n": step})
-    p.trigger = holders.trigger_event(step_events, p.requester)
-    snap = source.layout_at(client, story.engine, story.server, step)
+    held = holders.blocks_held(source.live_events(client, run, step))
+    p.trigger = holders.trigger_event(source.step_events(client, run, step), p.requester)
+    snap = source.layout_at(client, run, step)
     p.cached_blocks = snap["cached_blocks"] if snap else -1
     p.layout = layout_json(snap, story.request_id)
     p.holders = holders.top_holders(held, source.traces(client, list(held)))
@@ -110,15 +108,15 @@ def layout_json(snap: dict | None, rid: str) -> dict[str, Any] | None:
             "request_blocks": [i for i, o in enumerate(snap["owner"]) if mine and o == mine]}
 
 
-def _waiting(client: Any, story: Story, trace: dict | None,
+def _waiting(client: Any, run: source.Run, story: Story, trace: dict | None,
              decided: list[dict]) -> dict[str, Any] | None:
     """The pool while it waited to be admitted (as its first waiting step began)."""
     if not story.queued or story.waiting.steps <= 0:
         return None
     step = story.queued["step"] + 1
-    held = holders.blocks_held(source.live_events(client, story.engine, story.server, step))
+    held = holders.blocks_held(source.live_events(client, run, step))
     held.pop(story.request_id, None)
-    snap = source.layout_at(client, story.engine, story.server, step)
+    snap = source.layout_at(client, run, step)
     config = source.engine_config(client, story.engine, story.server, story.queued["ts"])
     blocked = Counter(d["reason"] for d in decided if d["decision"] == "admission_blocked"
                       and d["request_id"] == story.request_id)

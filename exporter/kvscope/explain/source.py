@@ -3,11 +3,40 @@
 Per-request lifecycle events are read through ``events`` alone, so a change in how the
 store keeps them (a table split, a view) is one edit here. Rows come back as plain dicts
 with epoch-second floats, the shapes of ``kvscope.store.rows``.
+
+Step numbers restart with every run of an engine (its restart, or the sidecar's: the new
+``EngineState`` counts from 0), and the rows keep no run; every query by step is bounded
+by the time span of the asked request's run (``Run``, ``run_of``), or it read other runs'
+requests as holders of the pool, and their steps as this one's.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
+
+RUN_SEARCH_S = 86_400.0
+"""How far before a request's first event and after its last the bounds of its run are
+looked for: no request lives a day, so no holder of the pool at one of its steps came
+earlier, and the queries by step read at most this much more of the store."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """The time span (epoch seconds, both ends excluded) of one run of one engine."""
+
+    engine: str
+    server: str
+    lo: float
+    hi: float
+
+    def where(self) -> str:
+        return ("engine = {e:String} AND server = {s:String} AND toFloat64(ts) > {lo:Float64} "
+                "AND toFloat64(ts) < {hi:Float64} AND ts >= toDateTime64({lo:Float64}, 3) "
+                "AND ts <= toDateTime64({hi:Float64}, 3)")
+
+    def params(self, **more: Any) -> dict[str, Any]:
+        return {"e": self.engine, "s": self.server, "lo": self.lo, "hi": self.hi, **more}
 
 EVENT_COLUMNS = ("ts", "model", "engine", "server", "request_id", "event", "step", "blocks",
                  "total_blocks", "free_blocks", "max_contiguous_free", "tokens", "reason",
@@ -37,11 +66,39 @@ def events(client: Any, where: str, params: dict[str, Any], limit: int = 0) -> l
                  + (f" LIMIT {int(limit)}" if limit else ""), params, EVENT_COLUMNS)
 
 
-def first_event_after(client: Any, engine: str, server: str, step: int) -> dict | None:
-    """The engine's first event in a step after ``step`` (when that step began)."""
-    rows = events(client, "engine = {e:String} AND server = {s:String} AND step > {n:Int64}",
-                  {"e": engine, "s": server, "n": step}, limit=1)
+def run_of(client: Any, events_: list[dict]) -> Run:
+    """The run of the engine that one request's ``events_`` (in order) belong to. Within a
+    run, the events stamped at a step (all but ``queued``, which carries the API server's
+    arrival time) come in step order in time: an event before the request's first with a
+    later step is another run's, as is one after its last with an earlier step."""
+    timed = [e for e in events_ if e["event"] != "queued"] or events_
+    first, last = timed[0], timed[-1]
+    r = client.query(
+        "SELECT countIf(toFloat64(ts) < {t0:Float64} AND step > {s0:Int64}), "
+        "maxIf(toFloat64(ts), toFloat64(ts) < {t0:Float64} AND step > {s0:Int64}), "
+        "countIf(toFloat64(ts) > {t1:Float64} AND step < {s1:Int64}), "
+        "minIf(toFloat64(ts), toFloat64(ts) > {t1:Float64} AND step < {s1:Int64}) "
+        "FROM request_events_all WHERE engine = {e:String} AND server = {s:String} "
+        "AND event != 'queued' AND ts >= toDateTime64({lo:Float64}, 3) "
+        "AND ts <= toDateTime64({hi:Float64}, 3)",
+        parameters={"e": first["engine"], "s": first["server"], "t0": first["ts"],
+                    "s0": first["step"], "t1": last["ts"], "s1": last["step"],
+                    "lo": first["ts"] - RUN_SEARCH_S, "hi": last["ts"] + RUN_SEARCH_S})
+    before, start, after, end = r.result_rows[0]
+    return Run(first["engine"], first["server"],
+               start if before else events_[0]["ts"] - RUN_SEARCH_S,
+               end if after else events_[-1]["ts"] + RUN_SEARCH_S)
+
+
+def first_event_after(client: Any, run: Run, step: int) -> dict | None:
+    """The run's first event in a step after ``step`` (when that step began)."""
+    rows = events(client, run.where() + " AND step > {n:Int64}", run.params(n=step), limit=1)
     return rows[0] if rows else None
+
+
+def step_events(client: Any, run: Run, step: int) -> list[dict]:
+    """The run's events in ``step``."""
+    return events(client, run.where() + " AND step = {n:Int64}", run.params(n=step))
 
 
 def request_events(client: Any, engine: str, server: str, rid: str) -> list[dict]:
@@ -49,25 +106,24 @@ def request_events(client: Any, engine: str, server: str, rid: str) -> list[dict
                           "request_id = {r:String}", {"e": engine, "s": server, "r": rid})
 
 
-def live_events(client: Any, engine: str, server: str, step: int) -> list[dict]:
+def live_events(client: Any, run: Run, step: int) -> list[dict]:
     """Events before ``step`` of every request that still had an event at or after it: the
     requests that could hold blocks as that step began. A request whose end came in
     ``step``'s record is not one: vLLM freed its blocks in ``update_from_output``, before
     that step's ``schedule()``, and the probe sends the end with the next step's record."""
-    return events(client, "engine = {e:String} AND server = {s:String} AND step < {n:Int64} "
-                          "AND request_id IN (SELECT request_id FROM request_events_all WHERE "
-                          "engine = {e:String} AND server = {s:String} AND step >= {n:Int64}) "
-                          "AND request_id NOT IN (SELECT request_id FROM request_events WHERE "
-                          "engine = {e:String} AND server = {s:String} AND step = {n:Int64} "
-                          "AND event IN ('finished', 'aborted'))",
-                  {"e": engine, "s": server, "n": step})
+    w = run.where()
+    return events(client, w + " AND step < {n:Int64} AND request_id IN (SELECT request_id FROM "
+                  "request_events_all WHERE " + w + " AND step >= {n:Int64}) AND request_id "
+                  "NOT IN (SELECT request_id FROM request_events WHERE " + w + " AND step = "
+                  "{n:Int64} AND event IN ('finished', 'aborted'))", run.params(n=step))
 
 
 def engines_of(client: Any, rid: str) -> list[tuple[str, str, str]]:
-    """(model, server, engine) of every engine that saw request ``rid``."""
-    r = client.query("SELECT DISTINCT model, server, engine FROM request_events "
-                     "WHERE request_id = {r:String} ORDER BY server, engine",
-                     parameters={"r": rid})
+    """(model, server, engine) of every engine that saw request ``rid``, the first to see
+    it first."""
+    r = client.query("SELECT model, server, engine FROM request_events WHERE request_id = "
+                     "{r:String} GROUP BY model, server, engine ORDER BY min(ts), server, "
+                     "engine", parameters={"r": rid})
     return [tuple(x) for x in r.result_rows]
 
 
@@ -98,13 +154,13 @@ def decisions(client: Any, engine: str, server: str, kinds: tuple[str, ...],
                   "hi": hi + 0.001}, cols)
 
 
-def layout_at(client: Any, engine: str, server: str, step: int) -> dict | None:
-    """The last layout sample taken at or before ``step`` on one engine, if any."""
+def layout_at(client: Any, run: Run, step: int) -> dict | None:
+    """The run's last layout sample taken at or before ``step``, if any."""
     cols = ("ts", "step", "num_blocks", "free_blocks", "cached_blocks", "used_blocks",
             "running", "waiting", "states", "owner", "owner_req_ids", "owner_blocks")
-    rows = _rows(client, "SELECT {cols} FROM layout_snapshots WHERE engine = {e:String} AND "
-                         "server = {s:String} AND step <= {n:Int64} ORDER BY step DESC, ts "
-                         "DESC LIMIT 1", {"e": engine, "s": server, "n": step}, cols)
+    rows = _rows(client, "SELECT {cols} FROM layout_snapshots WHERE " + run.where()
+                 + " AND step <= {n:Int64} ORDER BY step DESC, ts DESC LIMIT 1",
+                 run.params(n=step), cols)
     return rows[0] if rows else None
 
 
