@@ -66,6 +66,15 @@ def check(data_dir: str) -> dict[str, Any]:
                          settings={"session_timezone": "Asia/Tokyo"}).result_rows
     other = client.query(sql, parameters={**params, "engine": "9"}).result_rows
     group1 = client.query(sql, parameters={**params, "kv_group": 1}).result_rows
+    # engine 0 of a second server in the same range: its pool is not mixed into this one's
+    client.insert("layout_snapshots", [list({**r, "server": "b"}.values()) for r in as_dt],
+                  column_names=list(rows[0]))
+    try:
+        client.query(sql, parameters=params)
+        mixed = "answered"
+    except Exception as exc:  # noqa: BLE001 - the store's refusal, read below
+        mixed = str(exc)
+    server_b = client.query(sql, parameters={**params, "server": "b"}).result_rows
     return {
         "written": [[r[k] for k in ("states", "owner", "owner_req_ids", "owner_blocks",
                                     "owner_fragments", "block_group")] for r in rows],
@@ -76,6 +85,8 @@ def check(data_dir: str) -> dict[str, Any]:
         "coarse": [[c[1], c[2]] for c in coarse],
         "pairs": [[c[1], c[2]] for c in pairs],
         "tokyo_same": tokyo == cells and len(cells) > 0,
+        "mixed_refused": "give --param server=" in mixed,
+        "one_server_same": server_b == cells and rows[0]["server"] != "b",
         "other": len(other),
         "group1": len(group1),
         "t0": t0,
@@ -106,6 +117,7 @@ def test_layout_rows_and_the_heatmap_query_on_chdb(tmp_path: Path) -> None:
     # twice and cached twice; a tie goes to the higher state, in every run
     assert got["pairs"] == [[0, 3], [2, 2], [4, 2], [6, 1]]
     assert got["tokyo_same"] is True
+    assert got["mixed_refused"] is True and got["one_server_same"] is True
     assert got["other"] == 0 and got["group1"] == 0  # one KV group: group 1 holds nothing
     print(f"chDB layout check: {time.monotonic() - started:.1f} s")
 

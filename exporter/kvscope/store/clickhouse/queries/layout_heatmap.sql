@@ -37,6 +37,13 @@ FROM
       AND ts >= {since:DateTime64(3, 'UTC')}
       AND ts <= {until:DateTime64(3, 'UTC')}
       AND ({kv_group:Int8} = -1 OR grp = -1 OR grp = {kv_group:Int8})
+      AND throwIf((SELECT uniqExact(server) FROM layout_snapshots
+                   WHERE engine = {engine:String}
+                     AND ({server:String} = '' OR server = {server:String})
+                     AND ({model:String} = '' OR model = {model:String})
+                     AND ts >= {since:DateTime64(3, 'UTC')}
+                     AND ts <= {until:DateTime64(3, 'UTC')}) > 1,
+                  'this engine name has samples from several vLLM servers in the range: give --param server= (each server numbers its engines from 0)') = 0
     GROUP BY time, block, state
 )
 GROUP BY time, block

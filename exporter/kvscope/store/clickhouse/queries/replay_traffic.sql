@@ -8,7 +8,8 @@
 -- computed again, prompt tokens the prefix cache served, the fewest free blocks left
 -- after a step that gave it blocks. `--format json` is a replay file; whatif replays the
 -- arrivals step for step and reports how far its own figures are from these. Steps count
--- from the engine's start: give `engine` when the server has several engines.
+-- from the engine's start, so one replay is one engine's: a window holding several (every
+-- server's first engine is 0) is refused with the parameters to give.
 -- @param since = 0            earliest arrival, epoch seconds
 -- @param until = 99999999999  latest arrival, epoch seconds
 -- @param model = ''           one model ('' = all)
@@ -33,6 +34,7 @@ FROM request_traces AS t
 INNER JOIN
 (
     SELECT
+        server,
         engine,
         request_id,
         minIf(step, event = 'queued') AS queued_step,
@@ -44,11 +46,18 @@ INNER JOIN
                     AND free_blocks >= 0) AS min_free_blocks
     FROM request_events_all
     WHERE ({engine:String} = '' OR engine = {engine:String})
-    GROUP BY engine, request_id
+      AND ({server:String} = '' OR server = {server:String})
+    GROUP BY server, engine, request_id
     HAVING countIf(event = 'queued') > 0
-) AS e ON e.engine = t.engine AND e.request_id = t.request_id
+) AS e ON e.server = t.server AND e.engine = t.engine AND e.request_id = t.request_id
 WHERE toFloat64(t.arrival_ts) BETWEEN {since:Float64} AND {until:Float64}
   AND ({model:String} = '' OR t.model = {model:String})
   AND ({engine:String} = '' OR t.engine = {engine:String})
   AND ({server:String} = '' OR t.server = {server:String})
+  AND throwIf((SELECT uniqExact(server, engine) FROM request_traces
+               WHERE toFloat64(arrival_ts) BETWEEN {since:Float64} AND {until:Float64}
+                 AND ({model:String} = '' OR model = {model:String})
+                 AND ({engine:String} = '' OR engine = {engine:String})
+                 AND ({server:String} = '' OR server = {server:String})) > 1,
+              'the window holds requests of several engines: give --param server= and --param engine= (each server numbers its engines from 0)') = 0
 ORDER BY arrival_step, e.position, request_id
