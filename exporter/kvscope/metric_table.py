@@ -85,8 +85,9 @@ SIDECAR_METRICS: tuple[Declared, ...] = (
              "Requests waiting after the last step."),
     Declared("vllm_scheduler_waiting_head_blocks_needed", GAUGE, ENGINE,
              "Upper bound on the blocks the head of the waiting queue needs: its whole sequence "
-             "in every KV cache group as if each kept every block (sliding-window and Mamba "
-             "groups hold fewer), before prefix-cache hits (0: nothing waits)."),
+             "and vLLM's speculative lookahead in every KV cache group as if each kept every "
+             "block (sliding-window and Mamba groups hold fewer), before prefix-cache hits (0: "
+             "nothing waits)."),
     Declared("vllm_scheduler_waiting_head_never_fits", GAUGE, ENGINE,
              "1 while the head of the waiting queue needs more blocks than the whole pool holds "
              "(its full-attention groups' blocks alone exceed the usable blocks): it can never be "

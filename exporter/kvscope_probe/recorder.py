@@ -105,6 +105,10 @@ class Recorder(PoolMirror):
         self.group_block_sizes = [g.block_size for g in self.hello.kv_groups]
         self.kv_holding = (None if "kv_holding" in self.disabled
                            else getattr(sched, "kv_holding_waiting", None))
+        self.head_extra = int(getattr(sched, "num_lookahead_tokens", 0) or 0)
+        """Tokens vLLM allocates for beyond a request's own when it admits one (its
+        speculative lookahead: ``allocate_slots``' ``num_lookahead_tokens``)."""
+        self.head_cap = self.hello.max_model_len or (1 << 62)
         self.spec_prev: list[str] = []
         self.policy = self.hello.policy
         self.arm_below = -1 if "need" in self.disabled else arm_below(sched, self.hello)
@@ -241,12 +245,14 @@ class Recorder(PoolMirror):
         )
 
     def waiting_head(self) -> tuple[int, str]:
-        """Blocks the head of the waiting queue needs (before prefix hits), its ID."""
-        waiting = self.sched.waiting
+        """Blocks the head of the waiting queue needs at most (every group at its full
+        length and vLLM's lookahead, before prefix hits), its ID. The head vLLM's loop
+        takes first: the requests that hold KV blocks while waiting are drained first."""
+        waiting = self.kv_holding or self.sched.waiting
         if not waiting:
             return 0, ""
         req = waiting.peek_request()
-        n = req.num_tokens
+        n = min(req.num_tokens + self.head_extra, self.head_cap)
         sizes = self.group_block_sizes
         if len(sizes) == 1:  # most models: no generator per step
             return -(-n // sizes[0]), req.request_id

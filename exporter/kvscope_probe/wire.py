@@ -228,8 +228,11 @@ class Step(msgspec.Struct, tag="step", array_like=True, frozen=True, gc=False):
     waiting: int
     """Waiting requests as vLLM counts them (requests holding KV while waiting included)."""
     head_blocks_needed: int
-    """Blocks the head of the waiting queue needs for its whole current sequence,
-    before prefix-cache hits (an upper bound); 0 when nothing waits."""
+    """Blocks the head of the waiting queue needs for its whole current sequence and
+    vLLM's speculative lookahead (at most ``max_model_len`` tokens), in every KV group,
+    before prefix-cache hits (an upper bound); 0 when nothing waits. The head is the one
+    vLLM's loop takes first: a request holding KV blocks while waiting, else the waiting
+    queue's."""
     head_req_id: str
     """The request at the head of the waiting queue ("" when nothing waits)."""
     free_blocks: int

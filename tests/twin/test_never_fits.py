@@ -9,6 +9,8 @@ upper bound exceeds the pool while the request fits.
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 from kvscope.rows import SchedulerDecision
@@ -110,3 +112,41 @@ def test_a_hybrid_head_over_the_summed_bound_still_fits_and_is_not_never_fits() 
     decisions, heads = run(cfg, requests)
     assert ("long", 96, False) in heads  # over the pool by the sum, not by the rule
     assert "never_fits" not in [d.decision for d in decisions]
+
+
+def test_the_heads_bound_holds_vllms_own_need_with_speculative_lookahead(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM admits a request with room for its speculative lookahead too (allocate_slots'
+    num_lookahead_tokens): a 608-token prompt (19 blocks of 32) with 3 draft tokens needs
+    20. With 19 blocks free beside a running one, vLLM's full-sequence check (19) passes
+    and the lookahead's (20) fails; the probe's bound left the lookahead out and read 19,
+    under vLLM's own need (its get_num_blocks_to_allocate, recorded at every call)."""
+    from vllm.v1.core.kv_cache_coordinator import UnitaryKVCacheCoordinator as coord_cls
+
+    own = coord_cls.get_num_blocks_to_allocate
+    sig = inspect.signature(own)
+    asked: dict[str, int] = {}
+
+    def recorded(self: object, *args: object, **kw: object) -> int:
+        n = own(self, *args, **kw)
+        rid = str(sig.bind(self, *args, **kw).arguments["request_id"])
+        asked[rid] = max(n, asked.get(rid, 0))
+        return n
+
+    # on the class before the probe attaches: its blocks-needed hook calls what it found
+    monkeypatch.setattr(coord_cls, "get_num_blocks_to_allocate", recorded)
+    cfg = TwinConfig(num_blocks=40, num_speculative_tokens=3, max_num_batched_tokens=2048)
+    pt = ProbedTwin(cfg, seed=3)
+    assert type(pt.rec.mgr.coordinator) is coord_cls
+    checked: list[tuple[int, int]] = []
+
+    def after(_: int, __: object) -> None:
+        s = pt.state.last_step
+        if s is not None and s.head_req_id in asked:
+            checked.append((s.head_blocks_needed, asked[s.head_req_id]))
+        asked.clear()
+
+    requests = [req(f"r{i}", 608, 40, token=i + 1) for i in range(3)]
+    assert pt.run(requests, on_step=after).finished == 3
+    assert checked and all(bound >= need for bound, need in checked), checked
+    assert (20, 20) in checked  # the lookahead's block is in vLLM's need and in the bound
