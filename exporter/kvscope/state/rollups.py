@@ -47,7 +47,9 @@ def admission_limit(st: EngineState, s: wire.Step) -> str:
     ``--max-num-seqs``), else ``kv_blocks``: none of these held, and the pool lacks the
     blocks the head needs. Only called while the head's upper bound exceeds the free
     blocks. Limits the step does not carry are not told apart from the pool's
-    (``--max-num-active-seqs`` below ``--max-num-seqs``, LoRA slots)."""
+    (``--max-num-active-seqs`` below ``--max-num-seqs``, LoRA slots, the input budget
+    parallel drafting keeps for draft slots, a paused scheduler, vLLM 0.33's
+    ``prefill_schedule_interval`` when it is above 1)."""
     if s.preemptions or s.preempted:
         return "preempted"
     if s.scheduled_tokens >= s.token_budget:
