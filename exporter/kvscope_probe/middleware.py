@@ -72,6 +72,17 @@ def _sendable(text: str) -> str:
     return text.encode("utf-8", "replace").decode("utf-8")
 
 
+def max_tokens_of(endpoint: str, body: dict[str, Any]) -> int:
+    """The output limit vLLM takes from the body: a chat request's
+    ``max_completion_tokens`` before its deprecated ``max_tokens`` (0.32
+    ``chat_completion/serving.py`` 344), a completion's ``max_tokens`` (the only one it
+    reads); -1 when none is given as an integer."""
+    value = body.get("max_completion_tokens") if endpoint == "chat" else None
+    if value is None:
+        value = body.get("max_tokens")
+    return value if type(value) is int else -1
+
+
 def prompt_digest(endpoint: str, body: dict[str, Any]) -> tuple[str, int]:
     """(SHA-256 hex, length in characters) of the canonical form of the prompt or messages."""
     if endpoint == "chat":
@@ -190,7 +201,6 @@ class KVScopeMiddleware:
             auth = headers.get(b"authorization", b"")
             key = auth[7:].strip() if auth[:7].lower() == b"bearer " else b""
             digest, chars = prompt_digest(endpoint, data)
-            max_tokens = data.get("max_tokens", data.get("max_completion_tokens"))
             call = _Call(request_key(rid), call_id, started)
             assert self.emitter is not None
             self.emitter.emit(wire.ClientStart(
@@ -200,7 +210,7 @@ class KVScopeMiddleware:
                 user_agent=headers.get(b"user-agent", b"").decode(errors="replace")[:200],
                 api_key_sha256=sha256_hex(key) if key else "",
                 prompt_sha256=digest, prompt_chars=chars,
-                max_tokens=int(max_tokens) if isinstance(max_tokens, int) else -1,
+                max_tokens=max_tokens_of(endpoint, data),
                 call_id=call_id))
             return call
         except Exception as exc:  # noqa: BLE001 - never fail a request over kvscope

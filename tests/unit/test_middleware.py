@@ -279,3 +279,18 @@ def test_a_closed_emitter_counts_what_it_could_not_send(tmp_path: Path) -> None:
         assert (em.sent, em.dropped, len(em.queue)) == (3, 1, 0)
         wait_for(listening.got, 3)
         assert len(listening.got) == 3
+
+
+def test_the_output_limit_is_the_one_vllm_takes() -> None:
+    """A chat request with both limits: vLLM takes max_completion_tokens (the middleware
+    reported max_tokens); a completion's max_completion_tokens is not a field vLLM reads."""
+    from kvscope_probe.middleware import max_tokens_of
+
+    both = {"max_tokens": 100, "max_completion_tokens": 20}
+    assert max_tokens_of("chat", both) == 20
+    assert max_tokens_of("chat", {"max_tokens": 100}) == 100
+    assert max_tokens_of("chat", {"max_completion_tokens": None, "max_tokens": 7}) == 7
+    assert max_tokens_of("completions", both) == 100
+    assert max_tokens_of("completions", {"max_completion_tokens": 20}) == -1
+    assert max_tokens_of("chat", {"max_tokens": True}) == -1
+    assert max_tokens_of("chat", {}) == -1
