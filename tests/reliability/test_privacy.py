@@ -14,10 +14,12 @@ Positive controls (the keyed hashes, the client ID) prove the rows were there to
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import secrets
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -46,27 +48,34 @@ ROUTES = ["/metrics", "/healthz", "/readyz", "/api/engines", "/api/layout", "/ap
 
 def stand_in(drv: TwinDriver | None) -> FastAPI:
     """vLLM's OpenAI routes, reduced: the prompt becomes token IDs for the twin, and the
-    engine request ID embeds the X-Request-Id the middleware set, as vLLM 0.32 does."""
+    engine request ID embeds the X-Request-Id the middleware set, as vLLM 0.32 does. As
+    vLLM, it answers once the engine has ended the request (its arrival, stamped by the
+    engine, falls inside the call's span, which is how the sidecar joins a trace)."""
     app = FastAPI()
 
-    def submit(engine_id: str, text: str, max_tokens: int) -> None:
+    async def submit(engine_id: str, text: str, max_tokens: int) -> None:
         span = TOKEN_ID_MAX - TOKEN_ID_MIN
         tokens = tuple(TOKEN_ID_MIN + b % span for b in text.encode())
-        if drv is not None:
-            drv.inbox.put(TwinRequest(engine_id, tokens, max_tokens, 0, 0))
+        if drv is None:
+            return
+        drv.inbox.put(TwinRequest(engine_id, tokens, max_tokens, 0, 0))
+        deadline = time.monotonic() + 30
+        while (engine_id not in drv.added or engine_id in drv.scheduler.requests) and (
+                time.monotonic() < deadline):
+            await asyncio.sleep(0.002)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> dict[str, Any]:
         body = await request.json()
         engine_id = f"cmpl-{request.headers['x-request-id']}-0-{secrets.token_hex(4)}"
-        submit(engine_id, body["prompt"], body.get("max_tokens", 8))
+        await submit(engine_id, body["prompt"], body.get("max_tokens", 8))
         return {"id": engine_id, "choices": [{"text": "ok"}]}
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> dict[str, Any]:
         body = await request.json()
         engine_id = f"chatcmpl-{request.headers['x-request-id']}-{secrets.token_hex(4)}"
-        submit(engine_id, " ".join(m["content"] for m in body["messages"]), 8)
+        await submit(engine_id, " ".join(m["content"] for m in body["messages"]), 8)
         return {"id": engine_id}
 
     return app

@@ -71,6 +71,8 @@ class TwinDriver:
         self.in_flight = in_flight
         self.supply = endless()
         self.inbox: queue.SimpleQueue[TwinRequest] = queue.SimpleQueue()
+        self.added: set[str] = set()
+        """IDs of the inbox's requests the twin has taken (its arrival stamped)."""
         self.steps = 0
         self.preemptions = 0
         self.errors: list[BaseException] = []
@@ -113,9 +115,11 @@ class TwinDriver:
     def _top_up(self) -> None:
         while True:
             try:
-                self.twin.add(self.inbox.get_nowait())
+                req = self.inbox.get_nowait()
             except queue.Empty:
                 break
+            self.twin.add(req)
+            self.added.add(req.request_id)
         sched = self.twin.scheduler
         while len(sched.waiting) + len(sched.running) < self.in_flight:
             self.twin.add(next(self.supply))
