@@ -1,6 +1,8 @@
 -- Which clients get preempted? Per client over the last `days` days: API requests
--- answered, how many of their engine requests were preempted at least once, the
--- preemption rate (preempted / joined requests), preemptions, duplicates, and p50 / p99
+-- answered, how many of them had an engine request preempted at least once (an API
+-- request of n > 1 samples counts once here; kvscope_client_preempted_requests_total counts
+-- its engine requests), the preemption rate (preempted / joined API requests),
+-- preemptions (of all their engine requests), duplicates, and p50 / p99
 -- answer time. Rows come from client_requests (the vLLM middleware) joined by kvscope to
 -- the engine's traces; requests never joined (preempt_count = -1) count as requests only.
 -- @param days = 7      window, in days back from now
