@@ -7,7 +7,8 @@ it waited or sat preempted spent the time until its end there. ``recomputing`` i
 ``running`` spent computing again the tokens a preemption discarded: the steps from each
 resume to the one whose computed tokens are back to what it had lost, inclusive, and the
 time from the resume to the start of the step after those (``next_step``: the engine's
-first event in a later step, as the store knows no step of its own).
+first event in a later step, as the store knows no step of its own); a recompute cut short
+by another preemption ran until that preemption.
 """
 
 from __future__ import annotations
@@ -103,13 +104,17 @@ def build(events: list[dict], next_step: Callable[[int], dict | None] = lambda _
         if p.resumed is not None:
             preempted.add(e, p.resumed)
             j = events.index(p.resumed)
-            p.back = next((x for x in events[j:] if x["tokens"] >= e["tokens"]
+            cut = _first(events[j:], "preempted")  # preempted again before it was back
+            until = events[j:events.index(cut)] if cut is not None else events[j:]
+            p.back = next((x for x in until if x["tokens"] >= e["tokens"]
                            and x["event"] not in END_EVENTS), None) or _first(
-                events[j:], *END_EVENTS)
+                until, *END_EVENTS)
             if p.back is not None:
                 after = next_step(p.back["step"])
                 recomputing.steps += p.back["step"] - p.resumed["step"] + 1
                 recomputing.seconds += (after or p.back)["ts"] - p.resumed["ts"]
+            elif cut is not None:  # its recompute ran until that preemption
+                recomputing.add(p.resumed, cut)
         pre.append(p)
     if admitted and end:
         running = Span(end["ts"] - admitted["ts"] - preempted.seconds,
