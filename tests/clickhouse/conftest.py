@@ -76,3 +76,30 @@ def twin_runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[.
 
     yield run_twin
     mp.undo()
+
+
+@pytest.fixture
+def store_rows(chdb_dsn: str, tmp_path_factory: pytest.TempPathFactory,
+               request: pytest.FixtureRequest) -> Iterator[Callable[[list[Any]], Any]]:
+    """``store(rows)``: the rows written through kvscope's ClickHouse sink (the embedded
+    store's path) into a database of their own; a client on it, closed after the test."""
+    from kvscope.sinks.base import SinkManager
+    from kvscope.store.sink import ClickHouseSink
+
+    clients: list[Any] = []
+
+    def store(rows: list[Any]) -> Any:
+        db = database_name(f"{request.node.nodeid}#{len(clients)}")
+        sink = ClickHouseSink(chdb_dsn, database=db, options=FAST,
+                              spool_dir=str(tmp_path_factory.mktemp("spool")))
+        manager = SinkManager([sink])
+        for r in rows:
+            manager.emit(r)
+        assert sink.flush(60)
+        manager.close()
+        clients.append(clickhouse_connect.get_client(dsn=chdb_dsn, database=db))
+        return clients[-1]
+
+    yield store
+    for c in clients:
+        c.close()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any
 
@@ -239,33 +238,6 @@ def _ev(rid: str, event: str, step: int, ts: float, blocks: int = -1,
     return RequestEvent(ts=ts, model="m", engine="0", server="", request_id=rid, event=event,
                         step=step, blocks=blocks, total_blocks=blocks, free_blocks=-1,
                         max_contiguous_free=-1, tokens=0, reason="", detail=detail)
-
-
-@pytest.fixture
-def store_rows(chdb_dsn: str, tmp_path_factory: pytest.TempPathFactory,
-               request: pytest.FixtureRequest) -> Iterator[Any]:
-    """Writes rows through the ClickHouse sink into a database of their own; a client."""
-    from kvscope.sinks.base import SinkManager
-    from kvscope.store.sink import ClickHouseSink
-    from tests.clickhouse.conftest import FAST, clickhouse_connect, database_name
-
-    clients: list[Any] = []
-
-    def store(rows: list[Any]) -> Any:
-        db = database_name(request.node.nodeid)
-        sink = ClickHouseSink(chdb_dsn, database=db, options=FAST,
-                              spool_dir=str(tmp_path_factory.mktemp("spool")))
-        manager = SinkManager([sink])
-        for r in rows:
-            manager.emit(r)
-        assert sink.flush(60)
-        manager.close()
-        clients.append(clickhouse_connect.get_client(dsn=chdb_dsn, database=db))
-        return clients[-1]
-
-    yield store
-    for c in clients:
-        c.close()
 
 
 def test_worst_counts_requests_that_ended_waiting_or_preempted(store_rows: Any) -> None:

@@ -202,7 +202,7 @@ def test_tail_waste_by_prompt_len(run: Run) -> None:
 
 
 def test_tail_waste_leaves_out_hybrid_engines_and_engines_without_settings(
-        run: Run, chdb_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+        run: Run, store_rows: Any) -> None:
     """The run's traces stored five times: under their engine, under an engine whose
     settings say two KV cache groups (a trace's blocks then sum both groups: no block
     size measures them), under engines of one sliding-window group and one Mamba group
@@ -219,22 +219,10 @@ def test_tail_waste_leaves_out_hybrid_engines_and_engines_without_settings(
     others = ("hybrid", "sliding", "mamba", "unconfigured")
     rows: list[Any] = [config, hybrid, sliding, mamba, *run.traces,
                        *(replace(t, engine=e) for e in others for t in run.traces)]
-    db = database_name("tail_waste_engines")
-    sink = ClickHouseSink(chdb_dsn, database=db, options=FAST,
-                          spool_dir=str(tmp_path_factory.mktemp("spool_tail")))
-    manager = SinkManager([sink])
-    for r in rows:
-        manager.emit(r)
-    assert sink.flush(60)
-    manager.close()
-    client = clickhouse_connect.get_client(dsn=chdb_dsn, database=db)
-    try:
-        three = Run(client, run.traces, [], rows, chdb_dsn, db)
-        assert saved(three, "tail_waste_by_prompt_len") == saved(run, "tail_waste_by_prompt_len")
-        for engine in others:
-            assert saved(three, "tail_waste_by_prompt_len", engine=engine) == [], engine
-    finally:
-        client.close()
+    five = Run(store_rows(rows), run.traces, [], rows, run.dsn, "")
+    assert saved(five, "tail_waste_by_prompt_len") == saved(run, "tail_waste_by_prompt_len")
+    for engine in others:
+        assert saved(five, "tail_waste_by_prompt_len", engine=engine) == [], engine
 
 
 def test_preemption_cost(run: Run) -> None:
@@ -308,25 +296,14 @@ def test_query_command_formats(run: Run, capsys: pytest.CaptureFixture[str],
 
 
 def test_engine_settings_lists_each_session_once_from_its_attach(
-        run: Run, chdb_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+        run: Run, store_rows: Any) -> None:
     """A session's row is written again every hour (CONFIG_EVERY_S), so the store may hold
     several rows of one session: the query lists it once, attached at its first."""
     (config,) = [r for r in run.rows if isinstance(r, EngineConfig)]
     again = [replace(config, ts=config.ts + h * 3600.0) for h in (1, 2)]
     later = replace(config, session="s-later", ts=config.ts + 3 * 3600.0, num_blocks=99)
-    db = database_name("engine_settings_sessions")
-    sink = ClickHouseSink(chdb_dsn, database=db, options=FAST,
-                          spool_dir=str(tmp_path_factory.mktemp("spool_settings")))
-    manager = SinkManager([sink])
-    for r in (config, *again, later):
-        manager.emit(r)
-    assert sink.flush(60)
-    manager.close()
-    client = clickhouse_connect.get_client(dsn=chdb_dsn, database=db)
-    try:
-        got = saved(Run(client, [], [], [], chdb_dsn, db), "engine_settings")
-    finally:
-        client.close()
+    got = saved(Run(store_rows([config, *again, later]), [], [], [], run.dsn, ""),
+                "engine_settings")
     assert [(g["session"], g["num_blocks"]) for g in got] == [
         ("s-later", 99), (config.session, config.num_blocks)]
     assert ms(epoch(got[1]["attached"]) + got[1]["attached"].microsecond / 1e6) == ms(

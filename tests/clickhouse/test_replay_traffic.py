@@ -4,6 +4,8 @@ side and the twin's side of the fidelity gate are one measurement."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from kvscope.whatif.recorded import OUTCOME_KEYS, figures, has_outcomes, outcome_records
@@ -33,31 +35,15 @@ def test_replay_traffic_window_and_engine_filters(run: Run) -> None:  # noqa: F8
 
 
 def test_one_engine_name_on_two_servers_is_refused_not_mixed(
-        run: Run, chdb_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> None:  # noqa: F811
+        run: Run, store_rows: Any) -> None:  # noqa: F811
     """Every server's first engine is named 0: the run's rows stored under two servers
     came back as one engine's replay of 160 requests, two step counts interleaved. Without
     a server the query now says to give one; with one it is that server's replay."""
     from dataclasses import replace
 
-    from kvscope.sinks.base import SinkManager
-    from kvscope.store.sink import ClickHouseSink
-    from tests.clickhouse.conftest import FAST, clickhouse_connect, database_name
-
     rows = [replace(r, server=s) if hasattr(r, "server") else r
             for s in ("a", "b") for r in run.rows]
-    db = database_name("replay_two_servers")
-    sink = ClickHouseSink(chdb_dsn, database=db, options=FAST,
-                          spool_dir=str(tmp_path_factory.mktemp("spool_two")))
-    manager = SinkManager([sink])
-    for r in rows:
-        manager.emit(r)
-    assert sink.flush(60)
-    manager.close()
-    client = clickhouse_connect.get_client(dsn=chdb_dsn, database=db)
-    try:
-        two = Run(client, run.traces, [], rows, chdb_dsn, db)
-        with pytest.raises(Exception, match="several engines: give --param server="):
-            saved(two, "replay_traffic")
-        assert saved(two, "replay_traffic", server="a") == saved(run, "replay_traffic")
-    finally:
-        client.close()
+    two = Run(store_rows(rows), run.traces, [], rows, run.dsn, "")
+    with pytest.raises(Exception, match="several engines: give --param server="):
+        saved(two, "replay_traffic")
+    assert saved(two, "replay_traffic", server="a") == saved(run, "replay_traffic")
