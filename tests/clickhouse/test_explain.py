@@ -153,6 +153,8 @@ def test_a_waiting_request_is_measured_against_the_engines_usable_blocks(run: Ru
     for t in waited:
         (r,) = answer.explain(run.client, t.request_id)["engine_requests"]
         w = r["waiting"]
+        queued = next(e for e in events_of(run)[t.request_id] if e.event == "queued")
+        assert w["step"] == queued.step  # the first step it waited through
         named = [d for d in run.decisions if d.decision == "admission_blocked"
                  and d.request_id == t.request_id]  # the tracker's own rows, as emitted
         assert w["admission_blocked"] == len(named)

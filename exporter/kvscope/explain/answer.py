@@ -110,10 +110,12 @@ def layout_json(snap: dict | None, rid: str) -> dict[str, Any] | None:
 
 def _waiting(client: Any, run: source.Run, story: Story, trace: dict | None,
              decided: list[dict]) -> dict[str, Any] | None:
-    """The pool while it waited to be admitted (as its first waiting step began)."""
+    """The pool while it waited to be admitted, as the first step it waited through began:
+    the step whose record reported its arrival (vLLM's loop met it in that step's
+    ``schedule()`` and did not admit it)."""
     if not story.queued or story.waiting.steps <= 0:
         return None
-    step = story.queued["step"] + 1
+    step = story.queued["step"]
     held = holders.blocks_held(source.live_events(client, run, step))
     held.pop(story.request_id, None)
     snap = source.layout_at(client, run, step)
