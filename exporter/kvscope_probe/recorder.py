@@ -244,14 +244,18 @@ class Recorder(PoolMirror):
             )
         )
 
-    def waiting_head(self) -> tuple[int, str]:
+    def waiting_head(self, held: int, queued: int) -> tuple[int, str]:
         """Blocks the head of the waiting queue needs at most (every group at its full
-        length and vLLM's lookahead, before prefix hits), its ID. The head vLLM's loop
+        length and vLLM's lookahead, before prefix hits), its ID; ``held`` and ``queued``
+        are the lengths of ``kv_holding_waiting`` and ``waiting`` (vLLM's queues define
+        their lengths in Python: read once a step, by ``on_step``). The head vLLM's loop
         takes first: the requests that hold KV blocks while waiting are drained first."""
-        waiting = self.kv_holding or self.sched.waiting
-        if not waiting:
+        if held:
+            req = self.kv_holding.peek_request()
+        elif queued:
+            req = self.sched.waiting.peek_request()
+        else:
             return 0, ""
-        req = waiting.peek_request()
         n = min(req.num_tokens + self.head_extra, self.head_cap)
         sizes = self.group_block_sizes
         if len(sizes) == 1:  # most models: no generator per step
@@ -288,10 +292,10 @@ class Recorder(PoolMirror):
         else:
             sent, counts = nst, _NO_COUNTS
         rolled = self._rolled_back(out.scheduled_spec_decode_tokens, nst)
-        head = self.waiting_head()
-        waiting = len(sched.waiting)
-        if self.kv_holding is not None:
-            waiting += len(self.kv_holding)
+        queued = len(sched.waiting)
+        held = len(self.kv_holding) if self.kv_holding is not None else 0
+        head = self.waiting_head(held, queued)
+        waiting = queued + held
         audit = self.audit(sched.running, self.mgr.get_block_ids) if self.audit_due() else None
         if audit is not None and audit.mirror_fixed:  # the ledger may hold it too: resend
             self.want_keyframe = True
