@@ -31,6 +31,8 @@ class Run:
     hi: float
 
     def where(self) -> str:
+        # the float bounds are exact (ts as stored, both ends excluded); the DateTime64
+        # ones let the store skip parts by its sort key (model, server, engine, ts)
         return ("engine = {e:String} AND server = {s:String} AND toFloat64(ts) > {lo:Float64} "
                 "AND toFloat64(ts) < {hi:Float64} AND ts >= toDateTime64({lo:Float64}, 3) "
                 "AND ts <= toDateTime64({hi:Float64}, 3)")
