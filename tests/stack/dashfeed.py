@@ -21,6 +21,8 @@ import random
 import sys
 import time
 
+import msgspec
+
 from kvscope.twin import TwinConfig, generate
 from kvscope.twin.workload import TwinRequest
 from kvscope_probe import wire
@@ -40,11 +42,10 @@ MODEL = "twin"
 
 def workload(seed: int = 3) -> tuple[list[TwinRequest], dict[str, wire.ClientStart]]:
     """PRESSURE's requests under middleware-style IDs, and each one's ClientStart by
-    engine request ID."""
+    engine request ID (``ts`` 0: ``stamped`` gives it its send time)."""
     rng = random.Random(seed)
     requests: list[TwinRequest] = []
     starts: dict[str, wire.ClientStart] = {}
-    now = time.time()
     for i, r in enumerate(generate(PRESSURE)):
         client = CLIENTS[i % len(CLIENTS)]
         if i % DUPLICATE_EVERY == DUPLICATE_EVERY - 1:
@@ -57,10 +58,20 @@ def workload(seed: int = 3) -> tuple[list[TwinRequest], dict[str, wire.ClientSta
         requests.append(dataclasses.replace(r, request_id=engine_id))
         phash, chars = prompt_digest("completions", {"prompt": list(r.prompt_token_ids)})
         starts[engine_id] = wire.ClientStart(
-            request_id=ext, ts=now + i * 0.01, endpoint="completions", model=MODEL,
+            request_id=ext, ts=0.0, endpoint="completions", model=MODEL,
             client_id=client[0], user_agent=client[1], api_key_sha256=client[2],
             prompt_sha256=phash, prompt_chars=chars, max_tokens=r.max_tokens)
     return requests, starts
+
+
+def stamped(starts: dict[str, wire.ClientStart]) -> dict[str, wire.ClientStart]:
+    """Each start stamped now, in order, as the middleware stamps a call when the API
+    server receives it: before vLLM stamps its arrival. (Stamped when the workload was
+    built, before READY, a start read later than its request's arrival whenever the go
+    came quickly, and the sidecar rightly joined no trace to it.)"""
+    now = time.time()
+    return {rid: msgspec.structs.replace(s, ts=now + i * 1e-6)
+            for i, (rid, s) in enumerate(starts.items())}
 
 
 def feed(endpoint: str) -> None:
@@ -75,6 +86,7 @@ def feed(endpoint: str) -> None:
     emitter = Emitter(endpoint)
     print("READY", flush=True)
     sys.stdin.readline()
+    starts = stamped(starts)
     for s in starts.values():
         emitter.emit(s)
     open_ids, seen = set(starts), set()
