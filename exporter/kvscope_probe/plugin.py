@@ -60,9 +60,15 @@ def bind(sched: Any, rec: Any) -> None:
 
 
 def attach(sched: Any) -> Any:
-    """Create the Recorder and Sender for one Scheduler; None when that fails."""
-    from kvscope_probe.recorder import Recorder
-    from kvscope_probe.sender import DEFAULT_HWM, FLUSH_INTERVAL_S, Sender
+    """Create the Recorder and Sender for one Scheduler; None when that fails (the
+    scheduler is then marked, never tried again)."""
+    try:
+        from kvscope_probe.recorder import Recorder
+        from kvscope_probe.sender import DEFAULT_HWM, FLUSH_INTERVAL_S, Sender
+    except Exception as exc:  # noqa: BLE001 - a broken install: tried once, not each step
+        log.warning("kvscope probe: not recording this scheduler: %r", exc)
+        sched._kvscope = _Off()
+        return None
 
     with _lock:
         if sched.__dict__.get("_kvscope") is not None:
@@ -72,7 +78,7 @@ def attach(sched: Any) -> Any:
             return None
         # Senders of schedulers vLLM dropped have ended (they hold their Recorder weakly).
         _senders[:] = [s for s in _senders if s.is_alive() or not s.ident]
-        sender = None
+        rec = sender = None
         try:
             rec = Recorder(
                 sched,
@@ -96,10 +102,7 @@ def attach(sched: Any) -> Any:
             bind(sched, rec)
         except Exception as exc:  # noqa: BLE001
             log.warning("kvscope probe: not recording this scheduler: %r", exc)
-            if sender is not None:  # started, then bind failed: no thread for nothing
-                sender.stop_event.set()
-                if sender in _senders:
-                    _senders.remove(sender)
+            _give_up(rec, sender)
             sched._kvscope = _Off()
             return None
         log.info(
@@ -109,6 +112,29 @@ def attach(sched: Any) -> Any:
             sender.endpoint,
         )
         return rec
+
+
+def _give_up(rec: Any, sender: Any) -> None:
+    """Stop what a failed ``attach`` started: the sender's thread, and every hook that
+    may already reach the Recorder (``bind`` points the pool at it before it arms the
+    blocks-needed watch: left enabled, the pool's hooks would append every allocation
+    and free to a Recorder whose steps never run again)."""
+    if sender is not None:
+        sender.stop_event.set()
+        if sender in _senders:
+            _senders.remove(sender)
+    if rec is None:
+        return
+    rec.enabled = False  # every class-level hook reads this and passes through
+    try:
+        if getattr(rec.pool, "_kvscope", None) is rec:
+            rec.pool._kvscope = None
+        if rec.need_armed:
+            from kvscope_probe.needhook import arm
+
+            arm(rec, False)
+    except Exception:  # noqa: BLE001 - giving up must not raise either
+        pass
 
 
 class _Off:
