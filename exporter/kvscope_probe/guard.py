@@ -7,7 +7,11 @@ The wrapper passes ``*args, **kwargs`` to vLLM's method unchanged and returns it
 unchanged; an exception in any of kvscope's parts is counted (``Recorder.fault``) and
 never re-raised, and vLLM's call still happens exactly once. The one liberty taken:
 an argument named in ``materialize`` that is a one-shot iterator is replaced by a list
-of the same items, so ``after`` can read what vLLM consumed.
+of the same items, so ``before`` and ``after`` can read what vLLM consumed (vLLM's block
+pool reads each such argument once, start to end). An iterator that raises partway is
+handed to vLLM as the items read before the error and then the same error, as vLLM's
+own loop would have met them; that call is not recorded (a fault: the mirror is
+repaired).
 
 ``REGISTRY`` lists every installed hook by name; the containment test injects a fault
 into each part of each entry in turn (``tests/twin/test_probe_containment.py``), so a
@@ -77,16 +81,47 @@ def fault(hook: Hook, rec: Any, exc: Exception) -> None:
         pass
 
 
+class PartlyRead(Exception):
+    """A one-shot argument raised while it was read; ``args`` (and the ``kwargs`` changed
+    in place) hand vLLM its items read so far, then the same error."""
+
+    def __init__(self, args: tuple[Any, ...], error: BaseException) -> None:
+        super().__init__(f"an argument raised while read: {error!r}")
+        self.call_args = args
+
+
+def _replay(items: list[Any], error: BaseException) -> Any:
+    yield from items
+    raise error
+
+
 def _materialize(spec: tuple[int, str], args: tuple[Any, ...],
                  kwargs: dict[str, Any]) -> tuple[Any, ...]:
     """``args`` with the one-shot iterator named by ``spec`` replaced by a list of its items
-    (a keyword argument is replaced in ``kwargs`` itself)."""
+    (a keyword argument is replaced in ``kwargs`` itself); ``PartlyRead`` when reading it
+    raised."""
     i, name = spec
     if len(args) > i:
-        if iter(args[i]) is args[i]:
-            args = (*args[:i], list(args[i]), *args[i + 1:])
-    elif name in kwargs and iter(kwargs[name]) is kwargs[name]:
-        kwargs[name] = list(kwargs[name])
+        it = args[i]
+    elif name in kwargs:
+        it = kwargs[name]
+    else:
+        return args
+    if iter(it) is not it:
+        return args
+    items: list[Any] = []
+    error: BaseException | None = None
+    try:
+        items.extend(it)
+    except BaseException as exc:  # noqa: BLE001 - vLLM meets it, below, not the probe
+        error = exc
+    value = items if error is None else _replay(items, error)
+    if len(args) > i:
+        args = (*args[:i], value, *args[i + 1:])
+    else:
+        kwargs[name] = value
+    if error is not None:
+        raise PartlyRead(args, error)
     return args
 
 
@@ -144,6 +179,8 @@ def install(owner: Any, attr: str, *, name: str | None = None, rec_of: Part = re
         except Exception as exc:  # noqa: BLE001 - the probe never raises into vLLM
             fault(h, rec, exc)
             state = _SKIP
+            if type(exc) is PartlyRead:
+                args = exc.call_args
         ret = orig(*args, **kwargs)
         if state is not _SKIP:
             try:

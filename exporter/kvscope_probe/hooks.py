@@ -171,7 +171,7 @@ def _pool_hooks(cls: Any, registry: dict[str, guard.Hook] | None = None,
     def on(attr: str, **kw: Any) -> None:
         guard.install(cls, attr, name=f"BlockPool.{attr}", registry=registry, **kw)
 
-    on("touch", before=_taken,
+    on("touch", before=_taken, materialize=(1, "blocks"),
        after=lambda rec, a, k, ret, taken: taken and rec.on_alloc(taken))
     on("get_new_blocks", after=_new_blocks, timed=False)
     for attr, param in (("free_blocks", "ordered_blocks"), ("unpin_blocks", "blocks")):

@@ -115,3 +115,92 @@ def test_a_fault_in_the_blocks_needed_hook_changes_nothing(baseline: dict[str, A
     got, rec = probed_trail(need_fails(Injected))
     assert got == baseline
     assert rec.faults > 0  # the hook was armed and its faults were counted
+
+
+def test_a_bind_that_fails_halfway_leaves_nothing_recording(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``bind`` points the pool at the Recorder, then arms the blocks-needed watch; when
+    that last part fails, ``attach`` gives the scheduler up. The pool's hooks must stop
+    too: left pointing at an enabled Recorder whose steps never run again, every
+    allocation and free appended to its operation list for the engine's lifetime."""
+    assert plugin.enable(None)
+    twin = Twin(config(LAYOUT), seed=5)
+    twin.scheduler._kvscope = None
+    pool = twin.scheduler.kv_cache_manager.block_pool
+    monkeypatch.setattr(Recorder, "watch_need", boom)
+    plugin._endpoint = "ipc:///nonexistent/kvscope-test.sock"
+    try:
+        assert plugin.attach(twin.scheduler) is None
+    finally:
+        plugin.enable(None)
+    assert not twin.scheduler._kvscope.enabled
+    left = pool._kvscope
+    assert left is None or not left.enabled
+    before = trail(Twin(config(LAYOUT), seed=5))  # a fresh engine, unprobed
+    twin_trail = trail(twin)
+    assert twin_trail == before  # and vLLM decided as without the probe
+
+
+class _Once:
+    """A one-shot iterator over ``items`` that raises ``error`` after them, if given."""
+
+    def __init__(self, items: list[Any], error: Exception | None = None) -> None:
+        self.items, self.error = iter(items), error
+
+    def __iter__(self) -> _Once:
+        return self
+
+    def __next__(self) -> Any:
+        for x in self.items:
+            return x
+        if self.error is not None:
+            raise self.error
+        raise StopIteration
+
+
+def _probed_pool() -> tuple[Any, Recorder]:
+    assert plugin.enable(None)
+    twin = Twin(config(LAYOUT), seed=5)
+    rec = Recorder(twin.scheduler, ring_size=1 << 20, keyframe_interval_s=3600)
+    plugin.bind(twin.scheduler, rec)
+    return twin.scheduler.kv_cache_manager.block_pool, rec
+
+
+def test_touch_given_a_one_shot_iterator_touches_what_vllm_would() -> None:
+    """``touch``'s before part reads the blocks it is given; given a one-shot iterator
+    (vLLM's signature takes any iterable), vLLM must still get every block."""
+    pool, rec = _probed_pool()
+    a, b = pool.get_new_blocks(2)
+    pool.free_blocks([a, b])
+    assert (a.ref_cnt, b.ref_cnt) == (0, 0)
+    pool.touch(_Once([a, b]))
+    assert (a.ref_cnt, b.ref_cnt) == (1, 1)
+    assert rec.faults == 0
+
+
+def test_a_blocks_argument_that_fails_halfway_fails_in_vllm_as_without_the_probe() -> None:
+    """An iterable that raises partway: vLLM's loop takes the items before the error and
+    then raises it, probe or not. The probe reads the items first (to record them) and
+    must hand vLLM the same sequence and the same error, never a half-read iterator."""
+    pool, rec = _probed_pool()
+    a, b = pool.get_new_blocks(2)
+    with pytest.raises(Injected):
+        pool.free_blocks(_Once([a, b], Injected("a caller's iterable failed")))
+    assert (a.ref_cnt, b.ref_cnt) == (0, 0)  # vLLM's loop freed both, then raised
+    assert rec.faults == 1 and rec.want_keyframe  # not recorded: the mirror is repaired
+
+
+def test_a_probe_that_cannot_import_its_parts_is_tried_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broken install (the sender's module unimportable): the scheduler is marked and
+    left alone, not attached again (a search of sys.path) at every step and arrival."""
+    assert plugin.enable(None)
+    twin = Twin(config(LAYOUT), seed=5)
+    twin.scheduler._kvscope = None
+    monkeypatch.setitem(sys.modules, "kvscope_probe.sender", None)
+    plugin._endpoint = "ipc:///nonexistent/kvscope-test.sock"
+    try:
+        assert plugin.attach(twin.scheduler) is None
+    finally:
+        plugin.enable(None)
+    assert not twin.scheduler._kvscope.enabled
