@@ -124,17 +124,20 @@ class KVScopeMiddleware:
         if endpoint is None or scope.get("method") != "POST" or self.emitter is None:
             await self.app(scope, receive, send)
             return
-        body, more = b"", True
-        messages = []
-        while more:
+        more, size = True, 0
+        messages, chunks = [], []
+        while more:  # the chunks joined once: `body += chunk` copies the body each time
             msg = await receive()
             messages.append(msg)
             if msg["type"] != "http.request":
                 break
-            body += msg.get("body", b"")
+            chunk = msg.get("body", b"")
+            chunks.append(chunk)
+            size += len(chunk)
             more = msg.get("more_body", False)
-            if len(body) > MAX_BODY:
+            if size > MAX_BODY:
                 break
+        body = b"".join(chunks)
         replay = iter(messages)
 
         async def replay_receive() -> Any:
