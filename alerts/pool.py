@@ -71,7 +71,7 @@ def admission_blocked(cfg: Config) -> Rule:
         cfg,
         "KVScopeAdmissionBlocked",
         f"{q.by_engine('sum', q.m('vllm_scheduler_waiting_head_blocks_needed'))}\n-\n"
-        f"{q.by_engine('sum', q.m('vllm_scheduler_free_blocks'))}\n> 0\nand\n"
+        f"{q.by_engine('sum', q.m('vllm_scheduler_admission_free_blocks'))}\n> 0\nand\n"
         f"{q.by_engine('sum', q.m('vllm_scheduler_waiting_requests'))} > 0\nunless\n"
         f"{never_fits_expr(q)}",
         severity="warning",
@@ -79,10 +79,11 @@ def admission_blocked(cfg: Config) -> Rule:
         summary="The head of the waiting queue may need more KV blocks than are free; "
         "while it does, no waiting request is admitted.",
         description=f"{ENGINE}: the request at the head of the waiting queue needs up to "
-        "{{ $value }} more KV blocks than the pool has free, and has for at least "
+        "{{ $value }} more KV blocks than the pool has free for it, and has for at least "
         f"{cfg.admission_blocked_for} (an upper bound: its whole sequence in every KV cache "
         "group, before prefix-cache hits; loose on hybrid models, whose sliding-window and "
-        "Mamba groups hold fewer blocks; evictable cached blocks count as free). vLLM "
+        "Mamba groups hold fewer blocks; evictable cached blocks count as free, less the "
+        "--watermark reserve vLLM keeps from waiting requests while any runs). vLLM "
         "admits waiting requests in order: while the head cannot be admitted, every "
         "request behind it waits too. The decision log's admission_blocked lines say "
         "whether anything was admitted and which limit held.",

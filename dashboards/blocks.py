@@ -114,11 +114,12 @@ def pool(cfg: Config) -> list[p.Panel]:
         p.graph("Head of the queue needs vs free",
                 "Upper bound on the blocks the head of the waiting queue needs (its whole "
                 "sequence in every KV cache group, before prefix-cache hits: loose on hybrid "
-                "models) against free blocks; while it truly needs more, admission is "
+                "models) against the free blocks vLLM lets it take (less --watermark's "
+                "reserve while requests run); while it truly needs more, admission is "
                 "blocked (Decisions: Admissions blocked). Right axis: running and waiting "
                 "requests.",
                 p.prom(m("vllm_scheduler_waiting_head_blocks_needed"), ID + " head needs"),
-                p.prom(m("vllm_scheduler_free_blocks"), ID + " free blocks"),
+                p.prom(m("vllm_scheduler_admission_free_blocks"), ID + " free for it"),
                 p.prom(m("vllm_scheduler_running_requests"), ID + " requests running"),
                 p.prom(m("vllm_scheduler_waiting_requests"), ID + " requests waiting"),
                 right="/requests/"),

@@ -99,6 +99,9 @@ SIDECAR_METRICS: tuple[Declared, ...] = (
              "Usable KV blocks (the null block excluded)."),
     Declared("vllm_scheduler_free_blocks", GAUGE, ENGINE,
              "Free KV blocks, evictable prefix-cache blocks included (what allocation checks)."),
+    Declared("vllm_scheduler_admission_free_blocks", GAUGE, ENGINE,
+             "Free KV blocks a waiting or preempted request may take: the free blocks less "
+             "vLLM's --watermark reserve while any request runs (equal without one)."),
     Declared("vllm_scheduler_cached_evictable_blocks", GAUGE, ENGINE,
              "Free blocks that still hold prefix-cache data: a prefix-cache hit takes one back, "
              "and handing it to another request evicts its data."),

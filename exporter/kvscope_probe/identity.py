@@ -166,4 +166,5 @@ def hello(sched: Any, disabled: dict[str, str] | None = None) -> wire.Hello:
         max_model_len=int(getattr(sched, "max_model_len", 0) or 0),
         async_scheduling=any(c.__name__ == "AsyncScheduler" for c in type(sched).__mro__),
         spec_tokens=int(getattr(sched, "num_spec_tokens", 0) or 0),
+        watermark_blocks=int(getattr(sched.kv_cache_manager, "watermark_blocks", 0) or 0),
     )

@@ -99,6 +99,10 @@ class Hello(msgspec.Struct, tag="hello", array_like=True, frozen=True, gc=False)
     """Whether the scheduler is vLLM's ``AsyncScheduler`` (one step in flight)."""
     spec_tokens: int = 0
     """Speculative tokens a step (the scheduler's ``num_spec_tokens``; 0 none)."""
+    watermark_blocks: int = 0
+    """Free blocks vLLM keeps from a waiting or preempted request while any request runs
+    (``--watermark`` x the pool; the KV cache manager's ``watermark_blocks``); 0: none,
+    or a probe before it."""
 
 
 class Preemption(msgspec.Struct, array_like=True, frozen=True, gc=False):

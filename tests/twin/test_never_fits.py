@@ -150,3 +150,20 @@ def test_the_heads_bound_holds_vllms_own_need_with_speculative_lookahead(
     assert pt.run(requests, on_step=after).finished == 3
     assert checked and all(bound >= need for bound, need in checked), checked
     assert (20, 20) in checked  # the lookahead's block is in vLLM's need and in the bound
+
+
+def test_a_head_held_back_by_the_watermark_is_admission_blocked() -> None:
+    """``--watermark 0.5``: vLLM keeps 24 of the 48 blocks from waiting requests while any
+    request runs. r1 (19 blocks) fits the 27 free blocks beside r0, and vLLM still admits
+    it only once r0 has ended: kvscope says it is blocked by the pool, the watermark's
+    share named, and reads the reserve from vLLM's own manager."""
+    cfg = TwinConfig(num_blocks=48, watermark=0.5)
+    pt = ProbedTwin(cfg, seed=3)
+    assert pt.rec.hello.watermark_blocks == 24
+    assert pt.scheduler.kv_cache_manager.watermark_blocks == 24
+    decisions, _ = run(cfg, [req("r0", 600, 40, token=1), req("r1", 600, 40, token=2)])
+    blocked = [d for d in decisions if d.decision == "admission_blocked"]
+    assert blocked and {d.request_id for d in blocked} == {"r1"}
+    assert {d.reason for d in blocked} == {"kv_blocks"}
+    assert all(d.blocks_needed <= d.free_blocks < d.blocks_needed + 24 for d in blocked)
+    assert all("watermark_blocks=24" in d.msg for d in blocked)

@@ -8,11 +8,13 @@ are the wire's own structs, as a newer vLLM or a changed pool would make the pro
 
 from __future__ import annotations
 
+import msgspec
+
 from kvscope.layout.api import engine_layout
 from kvscope.layout.sampler import LayoutSampler
 from kvscope.rows import SchedulerDecision
 from kvscope.sidecar.exposition.metrics import KVScopeCollector
-from kvscope.state.capacity import head_fit, min_blocks, min_tokens
+from kvscope.state.capacity import admission_free, head_fit, min_blocks, min_tokens
 from kvscope.state.hub import Hub
 from kvscope.state.requests import RequestTracker
 from kvscope_probe import wire
@@ -46,9 +48,20 @@ def test_head_fit_needs_a_waiting_head() -> None:
     fit = head_fit(h, step(waiting=2, head_blocks_needed=8, head_req_id="big"))
     assert fit is not None and fit.as_json() == {
         "req_id": "big", "blocks_needed": 8, "min_blocks": 8, "usable_blocks": 7,
-        "never_fits": True}
+        "never_fits": True, "admission_free": None}
     fit = head_fit(h, step(waiting=2, head_blocks_needed=7, head_req_id="ok"))
     assert fit is not None and not fit.never_fits
+
+
+def test_the_watermark_holds_blocks_back_only_while_requests_run() -> None:
+    """vLLM applies --watermark to a waiting request only when a request is scheduled
+    (``allocate_slots``' ``has_scheduled_reqs``)."""
+    h = msgspec.structs.replace(hello(), watermark_blocks=3)
+    busy = head_fit(h, step(waiting=1, running=2, head_blocks_needed=4, head_req_id="w"), 6)
+    idle = head_fit(h, step(waiting=1, running=0, head_blocks_needed=4, head_req_id="w"), 6)
+    assert busy is not None and idle is not None
+    assert (busy.admission_free, idle.admission_free) == (3, 6)
+    assert admission_free(h, 6, 2) == 3 and admission_free(hello(), 6, 2) == 6
 
 
 def feed(records: list[wire.Record]) -> tuple[Hub, list[SchedulerDecision]]:
@@ -104,7 +117,8 @@ def test_the_layout_api_shows_the_waiting_head_and_whether_it_can_ever_fit() -> 
     st = hub.engines["0"]
     out = engine_layout(st, LayoutSampler(hub), max_runs=10, history_points=5, now=2.0)
     assert out["waiting_head"] == {"req_id": "big", "blocks_needed": 12, "min_blocks": 12,
-                                   "usable_blocks": 7, "never_fits": True}
+                                   "usable_blocks": 7, "never_fits": True,
+                                   "admission_free": None}  # no keyframe: pool unknown
     hub, _ = feed([hello(num_blocks=8), step(ts=1.0)])
     out = engine_layout(hub.engines["0"], LayoutSampler(hub), 10, 5, 2.0)
     assert out["waiting_head"] is None

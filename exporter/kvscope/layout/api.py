@@ -107,7 +107,7 @@ def engine_layout(st: EngineState, sampler: LayoutSampler, max_runs: int,
         status = "waiting"
     else:
         status = "ok"
-    fit = head_fit(h, st.last_step)
+    fit = head_fit(h, st.last_step, st.ledger.free if st.ledger.synced else None)
     out: dict[str, Any] = {
         "key": st.key,
         "server": st.server,

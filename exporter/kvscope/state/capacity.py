@@ -36,6 +36,17 @@ block size, which is ``max_model_len`` without prefix caching)."""
 
 
 
+def admission_free(hello: wire.Hello, free: int, running: int) -> int:
+    """The free blocks vLLM lets a waiting or preempted request take in a step that ended
+    with ``running`` requests: all of them, less ``--watermark``'s reserve while any
+    request runs (``KVCacheManager.allocate_slots``: ``needed + watermark_blocks > free``
+    refuses it, the watermark applied when ``has_scheduled_reqs``). A step that admitted
+    nobody ended with the running requests vLLM's waiting loop saw. Not counted: the
+    blocks vLLM keeps back for in-flight prefills when it admits a KV connector's async
+    load (``reserved_blocks``)."""
+    return free - hello.watermark_blocks if running else free
+
+
 def _groups(hello: wire.Hello) -> list[wire.KVGroup]:
     return list(hello.kv_groups) or [wire.KVGroup("FullAttentionSpec", hello.block_size)]
 
@@ -79,17 +90,22 @@ class HeadFit:
     """The lower bound the rule uses (full-attention groups only)."""
     usable_blocks: int
     never_fits: bool
+    admission_free: int | None = None
+    """Free blocks vLLM lets it take (``admission_free``); None: the pool not known."""
 
     def as_json(self) -> dict[str, object]:
         return {"req_id": self.req_id, "blocks_needed": self.blocks_needed,
                 "min_blocks": self.min_blocks, "usable_blocks": self.usable_blocks,
-                "never_fits": self.never_fits}
+                "never_fits": self.never_fits, "admission_free": self.admission_free}
 
 
-def head_fit(hello: wire.Hello, step: wire.Step | None) -> HeadFit | None:
-    """The head's fit after ``step``; None when nothing waits."""
+def head_fit(hello: wire.Hello, step: wire.Step | None, free: int | None = None
+             ) -> HeadFit | None:
+    """The head's fit after ``step``; None when nothing waits. ``free``: the pool's free
+    blocks, when known (``admission_free`` is then the blocks vLLM lets the head take)."""
     if step is None or step.waiting <= 0 or not step.head_req_id:
         return None
     need = min_blocks(hello, step.head_blocks_needed)
     usable = hello.num_blocks - 1
-    return HeadFit(step.head_req_id, step.head_blocks_needed, need, usable, need > usable)
+    return HeadFit(step.head_req_id, step.head_blocks_needed, need, usable, need > usable,
+                   admission_free(hello, free, step.running) if free is not None else None)

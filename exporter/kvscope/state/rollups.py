@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvscope.rows import StepStat
-from kvscope.state.capacity import head_fit
+from kvscope.state.capacity import admission_free, head_fit
 from kvscope.state.engine import EngineState
 from kvscope_probe import wire
 
@@ -76,14 +76,15 @@ class Rollups:
 
     def admission(self, st: EngineState, s: wire.Step) -> None:
         """An ``admission_blocked`` decision (at most every BLOCKED_REPEAT_S per engine)
-        while the head of the waiting queue needs more blocks than are free."""
+        while the head of the waiting queue needs more blocks than vLLM lets it take (the
+        free ones, less ``--watermark``'s reserve while requests run)."""
         if self._never_fits(st, s):
             return
         led = st.ledger
         # admitted: new requests, and preempted ones taken back from the waiting queue
         # (vLLM 0.32 lists those in resumed_req_ids, not among the new ones)
         blocked = (s.waiting > 0 and not s.new_reqs and not s.resumed and led.synced
-                   and s.head_blocks_needed > led.free)
+                   and s.head_blocks_needed > admission_free(st.hello, led.free, s.running))
         if not blocked:
             self.blocked_since.pop(st.key, None)
             return
@@ -91,10 +92,12 @@ class Rollups:
         if last is not None and s.ts - last < BLOCKED_REPEAT_S:
             return
         self.blocked_since[st.key] = s.ts
+        wm = st.hello.watermark_blocks if s.running else 0
         self.decide(st, s.ts, "admission_blocked", s.head_req_id,
                     f"Admission blocked: request {s.head_req_id} at the head of the "
                     f"waiting queue needs at most {s.head_blocks_needed} blocks, "
-                    f"free_blocks={led.free} waiting={s.waiting}",
+                    f"free_blocks={led.free}" + (f" watermark_blocks={wm}" if wm else "")
+                    + f" waiting={s.waiting}",
                     reason=admission_limit(st, s),
                     blocks_needed=s.head_blocks_needed, free_blocks=led.free)
 

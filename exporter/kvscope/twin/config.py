@@ -80,6 +80,10 @@ class TwinConfig:
     which vLLM's planner groups back into exactly these. Empty: the layout's stand-in.
     Read from an engine's hello by ``kvscope.whatif.engine_settings``."""
 
+    watermark: float = 0.0
+    """Fraction of the pool vLLM keeps free from waiting and preempted requests while any
+    request runs (``--watermark``; 0, vLLM's default: none)."""
+
     max_position_embeddings: int = MAX_POSITION_EMBEDDINGS
     """The served model's context (its config.json), which bounds ``max_model_len``: the
     tiny model's by default, a user's model's with ``kvscope whatif --model``."""

@@ -73,6 +73,7 @@ def vllm_config(cfg: TwinConfig, model_dir: Path | None = None) -> VllmConfig:
         enable_chunked_prefill=True,
         async_scheduling=cfg.async_scheduling,
         is_encoder_decoder=False,
+        watermark=cfg.watermark,
     )
     cache = CacheConfig(block_size=cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching)
     parallel = ParallelConfig()

@@ -23,7 +23,7 @@ from kvscope.sidecar.exposition.own_cpu import OwnCpu
 from kvscope.sidecar.exposition.process import ProcessReader
 from kvscope.sidecar.exposition.vllm_metrics import VllmScraper
 from kvscope.sidecar.ingest.auth import REASONS as REFUSALS
-from kvscope.state.capacity import head_fit
+from kvscope.state.capacity import admission_free, head_fit
 from kvscope.state.client_stats import ClientStats
 from kvscope.state.engine import EngineState
 from kvscope.state.hub import Hub
@@ -158,9 +158,12 @@ class KVScopeCollector:
         f.g("kvscope_ledger_synced").add_metric(lv, int(led.synced))
         if not led.synced:
             return
-        bs = st.hello.block_size
         f.g("vllm_scheduler_total_blocks").add_metric(lv, led.usable_blocks)
+        bs = st.hello.block_size
         f.g("vllm_scheduler_free_blocks").add_metric(lv, led.free)
+        last = st.last_step
+        f.g("vllm_scheduler_admission_free_blocks").add_metric(
+            lv, admission_free(st.hello, led.free, last.running if last is not None else 0))
         f.g("vllm_scheduler_cached_evictable_blocks").add_metric(lv, led.cached)
         f.g("vllm_scheduler_used_blocks").add_metric(lv, led.used)
         f.g("vllm_scheduler_max_contiguous_free_blocks").add_metric(
