@@ -125,8 +125,9 @@ SIDECAR_METRICS: tuple[Declared, ...] = (
     Declared("vllm_scheduler_kv_block_usage_ratio", GAUGE, ENGINE,
              "Used blocks / usable blocks (vLLM's kv_cache_usage_perc)."),
     Declared("vllm_scheduler_kv_token_occupancy_ratio", GAUGE, ENGINE,
-             "Filled token slots / token slots of used blocks (a Mamba state block counts as "
-             "filled); the gap to 1 is tail waste."),
+             "Filled token slots / token slots of the running requests' blocks, each KV group "
+             "at its own block size (a Mamba group's state blocks hold no slots: not counted); "
+             "the gap to 1 is tail waste."),
     Declared("kvscope_engine_process_cpu_seconds", COUNTER, ENGINE,
              "CPU time of the engine process."),
     Declared("kvscope_engine_process_resident_memory_bytes", GAUGE, ENGINE,

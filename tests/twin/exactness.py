@@ -77,15 +77,16 @@ def runs_of(ids: set[int]) -> list[int]:
     return sorted(runs)
 
 
-def group_truth(sched: Any, sizes: list[int]) -> tuple[list[int], list[int]]:
+def group_truth(sched: Any, sizes: list[int]) -> tuple[list[int], list[int], list[int]]:
     """Per KV group, from vLLM's own tables, counts and specs: tail waste (slots beyond
-    the computed tokens) and held blocks (entries that are not the null block 0).
+    the computed tokens), held blocks (entries that are not the null block 0) and token
+    slots (entries x the group's block size).
 
     A group has token slots only where vLLM's spec maps tokens to the states of a page
     (``tokens_per_state > 0``; ``KVCacheSpec.get_num_kernel_states``): a Mamba page
     (``tokens_per_state`` -1) is one recurrent state whatever its ``block_size``, so its
     group wastes no slots."""
-    waste, held = [0] * len(sizes), [0] * len(sizes)
+    waste, held, slots_of = [0] * len(sizes), [0] * len(sizes), [0] * len(sizes)
     slots = [g.kv_cache_spec.tokens_per_state > 0
              for g in sched.kv_cache_config.kv_cache_groups]
     get_ids = sched.kv_cache_manager.get_block_ids
@@ -93,8 +94,9 @@ def group_truth(sched: Any, sizes: list[int]) -> tuple[list[int], list[int]]:
         for g, ids in enumerate(get_ids(req.request_id)):
             if slots[g]:
                 waste[g] += max(0, len(ids) * sizes[g] - req.num_computed_tokens)
+                slots_of[g] += len(ids) * sizes[g]
             held[g] += sum(b != 0 for b in ids)
-    return waste, held
+    return waste, held, slots_of
 
 
 def figures_difference(led: Any, sched: Any, free: set[int]) -> str | None:

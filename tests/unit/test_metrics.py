@@ -99,10 +99,10 @@ def test_exposition_has_help_for_every_family() -> None:
     assert helps and all(len(h.split(" ", 3)) == 4 for h in helps)
 
 
-def empty_pool_of(groups: list[wire.KVGroup]) -> Hub:
+def empty_pool_of(groups: list[wire.KVGroup], block_size: int = 32) -> Hub:
     """A hub holding one engine of these KV cache groups, its 8-block pool free (block 0
     null), after a keyframe."""
-    h = hello(kv_groups=groups)
+    h = hello(kv_groups=groups, block_size=block_size)
     kf = wire.Keyframe(hello=h, states=bytes([3] + [0] * 7), tables={}, tokens={})
     hub = Hub()
     feed(hub, [h, step(), kf], 0)
@@ -139,7 +139,8 @@ def test_a_mamba_groups_state_blocks_hold_no_token_slots() -> None:
     caching its block size is ``max_model_len`` (1024 here) and each request holds one
     such block. Counting ``1024 - tokens`` unfilled slots in it reported a waste that does
     not exist and drove the occupancy ratio below zero."""
-    hub = empty_pool_of([wire.KVGroup("MambaSpec", 1024), wire.KVGroup("FullAttentionSpec", 32)])
+    hub = empty_pool_of([wire.KVGroup("MambaSpec", 1024), wire.KVGroup("FullAttentionSpec", 32)],
+                        block_size=1024)  # the scheduler's, as vLLM's hello reads it
     admit = step(ops=[(wire.OP_ALLOC, [1, 2, 3, 4])], free_blocks=3, running=1,
                  new_reqs=[wire.NewReq("a", [[4], [1, 2, 3]], 0)], num_scheduled={"a": 65})
     feed(hub, [admit], 3)
@@ -151,5 +152,5 @@ def test_a_mamba_groups_state_blocks_hold_no_token_slots() -> None:
     assert v("vllm_scheduler_tail_waste_tokens", L) == 96 - 65
     assert (v("vllm_scheduler_kv_group_request_blocks", mamba),
             v("vllm_scheduler_kv_group_request_blocks", full)) == (1, 3)
-    # 4 used blocks of 32 slots, the state block counted as filled
-    assert v("vllm_scheduler_kv_token_occupancy_ratio", L) == 1 - (96 - 65) / (4 * 32)
+    # the attention group's 3 blocks of 32 slots; the state block holds none
+    assert v("vllm_scheduler_kv_token_occupancy_ratio", L) == 1 - (96 - 65) / 96

@@ -204,7 +204,7 @@ class Ledger:
     def blocks_by_group(self) -> list[int]:
         return self.group_figures()[1]
 
-    def group_figures(self) -> tuple[list[int], list[int]]:
+    def group_figures(self) -> tuple[list[int], list[int], list[int]]:
         """Per KV group, from the tables' lengths and the null counts kept as they change
         (no table is read entry by entry: a scrape of 8 engines x 256 requests does this):
 
@@ -213,15 +213,18 @@ class Ledger:
           tokens that left the window: it is no waste, and the formula counts it as full.
           A Mamba group's blocks hold states, not slots: its waste is 0;
         - blocks held: table entries that are not the null block (a block shared by two
-          tables counts in each).
+          tables counts in each);
+        - token slots: the slots of the group's table entries (null ones as full, as the
+          waste counts them), each at the group's own block size; 0 for a Mamba group.
+          The occupancy ratio is 1 - waste / slots over all groups.
         """
         sizes = self.group_block_sizes
         tables = self.tables
         if not tables:
-            return [0] * len(sizes), [0] * len(sizes)
+            return [0] * len(sizes), [0] * len(sizes), [0] * len(sizes)
         rids = list(tables)
         tokens = self.counts.tokens(rids)
-        waste, held = [], []
+        waste, held, slots = [], [], []
         shortest = min(map(len, tables.values()))
         for g, bs in enumerate(sizes):
             if shortest > g:
@@ -230,10 +233,15 @@ class Ledger:
             else:  # a table without this group (never from vLLM): it holds nothing there
                 lens = np.fromiter((len(t[g]) if len(t) > g else 0 for t in tables.values()),
                                    np.int64, len(rids))
-            waste.append(int(np.maximum(lens * bs - tokens, 0).sum())
-                         if self.group_slots[g] else 0)
-            held.append(int(lens.sum()) - self.nulls[g])
-        return waste, held
+            entries = int(lens.sum())
+            if self.group_slots[g]:
+                waste.append(int(np.maximum(lens * bs - tokens, 0).sum()))
+                slots.append(entries * bs)
+            else:
+                waste.append(0)
+                slots.append(0)
+            held.append(entries - self.nulls[g])
+        return waste, held, slots
 
     # -- request tables -----------------------------------------------------------------
     def _count_nulls(self, groups: list[list[int]], sign: int) -> None:

@@ -159,7 +159,6 @@ class KVScopeCollector:
         if not led.synced:
             return
         f.g("vllm_scheduler_total_blocks").add_metric(lv, led.usable_blocks)
-        bs = st.hello.block_size
         f.g("vllm_scheduler_free_blocks").add_metric(lv, led.free)
         last = st.last_step
         f.g("vllm_scheduler_admission_free_blocks").add_metric(
@@ -172,7 +171,7 @@ class KVScopeCollector:
         for le, n in zip(RUN_BUCKETS, led.free_runs_at_most(RUN_BUCKETS), strict=True):
             rb.add_metric(lv + [str(le)], n)
         rb.add_metric(lv + ["+Inf"], int(led.free_runs().size))
-        by_group, held = led.group_figures()
+        by_group, held, slots_by_group = led.group_figures()
         waste = sum(by_group)
         f.g("vllm_scheduler_tail_waste_tokens").add_metric(lv, waste)
         gw = f.g("vllm_scheduler_kv_group_tail_waste_tokens", EL + ["kv_group", "kind"])
@@ -183,7 +182,7 @@ class KVScopeCollector:
             gb.add_metric(lv + [str(g), group.kind], n)
         usable = led.usable_blocks or 1
         f.g("vllm_scheduler_kv_block_usage_ratio").add_metric(lv, led.used / usable)
-        slots = led.used * bs
+        slots = sum(slots_by_group)
         f.g("vllm_scheduler_kv_token_occupancy_ratio").add_metric(
             lv, (1.0 - waste / slots) if slots else 1.0
         )
