@@ -61,13 +61,15 @@ def probe_alerts(cfg: Config) -> list[Rule]:
             cfg,
             "KVScopeEngineStalled",
             f"{q.by_engine('max', probe_state(q, 'idle'))} == 1\n"
-            f"and\n{busy}",
+            f"and\n{busy}\nunless\n"
+            f"{q.by_engine('max', q.m('kvscope_engine_unfinished_requests'))} == 0",
             severity="warning",
             for_=cfg.engine_stalled_for,
             summary="An engine stopped scheduling although its last step left requests.",
             description=f"{PROBE} keeps sending heartbeats but no step for longer than the "
-            "health timeout, although the last step left requests running or waiting: "
-            "vLLM's engine loop is stuck (the process lives, schedule() is not called).",
+            "health timeout, although the last step left requests running or waiting and "
+            "vLLM does not count them all done or paused: vLLM's engine loop is stuck (the "
+            "process lives, schedule() is not called).",
             dashboard=cfg.dashboards.blocks,
         ),
         alert(

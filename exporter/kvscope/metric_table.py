@@ -99,6 +99,10 @@ SIDECAR_METRICS: tuple[Declared, ...] = (
              "Usable KV blocks (the null block excluded)."),
     Declared("vllm_scheduler_free_blocks", GAUGE, ENGINE,
              "Free KV blocks, evictable prefix-cache blocks included (what allocation checks)."),
+    Declared("kvscope_engine_unfinished_requests", GAUGE, ENGINE,
+             "While the engine is idle (heartbeats, no step): vLLM's own count of the requests "
+             "it would step for, from the probe's last heartbeat (0 while paused, sessions "
+             "waiting for streaming input left out); vLLM does not schedule while it is 0."),
     Declared("vllm_scheduler_admission_free_blocks", GAUGE, ENGINE,
              "Free KV blocks a waiting or preempted request may take: the free blocks less "
              "vLLM's --watermark reserve while any request runs (equal without one)."),

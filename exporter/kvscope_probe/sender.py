@@ -80,6 +80,15 @@ def make_frame(rec: Recorder, first: int, items: list[bytes], cpu_ns: int = 0,
     return _frame(rec, first, list(map(msgspec.Raw, items)), cpu_ns, io_ns)
 
 
+def unfinished(sched: Any) -> int:
+    """vLLM's own count of unfinished requests, read on this (the sender's) thread: its
+    method reads queue lengths and the pause state, nothing it changes; -1 when it fails."""
+    try:
+        return int(sched.get_num_unfinished_requests())
+    except Exception:  # noqa: BLE001 - a vLLM without it, or a read mid-change
+        return -1
+
+
 def _frame(rec: Recorder, first: int, records: list[Any], cpu_ns: int,
            io_ns: int) -> wire.Frame:
     return wire.Frame(
@@ -146,7 +155,8 @@ class Sender(threading.Thread):
             return
         self._last_send = now
         since = -1.0 if self._seen_at is None else now - self._seen_at
-        frame = _frame(rec, seq, [wire.Heartbeat(ts=time.time(), since_step_s=since)],
+        frame = _frame(rec, seq, [wire.Heartbeat(ts=time.time(), since_step_s=since,
+                                                 unfinished=unfinished(rec.sched))],
                        time.thread_time_ns(), self.io_cpu())
         if transport.send(self._sock, wire.encode(frame), 0):
             self.heartbeats += 1

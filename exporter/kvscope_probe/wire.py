@@ -335,6 +335,12 @@ class Heartbeat(msgspec.Struct, tag="heartbeat", array_like=True, frozen=True, g
     ts: float
     since_step_s: float
     """Seconds since the engine's last ``schedule()`` call; -1 before the first."""
+    unfinished: int = -1
+    """vLLM's own count of the requests it would step for
+    (``Scheduler.get_num_unfinished_requests``: 0 while paused with ``keep``, sessions
+    waiting for streaming input left out); vLLM's engine loop does not call
+    ``schedule()`` while it is 0. Read by the sender thread; -1 unknown (a probe before
+    it, or the read failed)."""
 
 
 Record = Union[Hello, Step, Keyframe, Heartbeat, ClientStart, ClientEnd]  # noqa: UP007 - msgspec, 3.10

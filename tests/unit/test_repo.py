@@ -89,6 +89,14 @@ def live_samples(tmp_path: Path) -> dict[str, set[str]]:
                 f"{i // 2}", len(r.prompt_token_ids), r.max_tokens, rid))
             requests.append(dataclasses.replace(r, request_id=f"cmpl-{rid}-0-{i:08x}"))
         pt.run(requests)
+        # then idle (its steps long ago), heartbeating vLLM's own count of unfinished
+        from kvscope_probe.sender import unfinished
+
+        side.hub.presence[pt.state.hello.session].last_step = time.monotonic() - 3600
+        assert side.hub.accept(wire.encode(wire.Frame(
+            engine=pt.engine, session=pt.state.hello.session, first_seq=pt.rec.seq,
+            dropped=0, faults=0,
+            records=[wire.Heartbeat(time.time(), 3600.0, unfinished(pt.scheduler))])))
         # two more live probes claiming one identity: a collision, kept apart and counted
         # the second of them on a vLLM whose Mamba relocation the fingerprint refused
         # (full attention never relocates: only the hello's ``disabled`` differs)

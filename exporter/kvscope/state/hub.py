@@ -159,7 +159,7 @@ class Hub:
         p.heard_tick = self.ticks
         p.record_ts = max(p.record_ts, hb.ts)
         p.heartbeats += len(frame.records)
-        p.since_step_s = hb.since_step_s
+        p.since_step_s, p.unfinished = hb.since_step_s, hb.unfinished
         self.heartbeats += len(frame.records)
         state = self.sessions.get(frame.session)
         if state is not None:
@@ -195,6 +195,7 @@ class Hub:
         fresh = Presence.of(hello.session, hello.engine, hello.pid, hello.started)
         if p is not None:
             fresh.heartbeats, fresh.since_step_s = p.heartbeats, p.since_step_s
+            fresh.unfinished = p.unfinished
         fresh.heard_tick = self.ticks
         self.presence[hello.session] = fresh
         for fn in self.listeners:

@@ -64,6 +64,8 @@ class Presence:
     heartbeats: int = 0
     since_step_s: float = -1.0
     """From the last heartbeat: seconds since the engine's last schedule() call."""
+    unfinished: int = -1
+    """From the last heartbeat: vLLM's own count of unfinished requests (-1 unknown)."""
     record_ts: float = 0.0
     """The engine's wall time in its latest step or heartbeat (records arrive in order)."""
     gone: bool = False

@@ -203,6 +203,9 @@ class KVScopeCollector:
         states = f.g("kvscope_probe_state", EL + ["state"])
         for name in STATES:
             states.add_metric(lv + [name], int(state == name))
+        unfinished = self.hub.presence[st.hello.session].unfinished
+        if state == "idle" and unfinished >= 0:  # its heartbeats are all it sends now
+            f.g("kvscope_engine_unfinished_requests").add_metric(lv, unfinished)
         c = st.counters
         f.c("kvscope_probe_records_dropped").add_metric(lv, st.probe_dropped)
         f.c("kvscope_probe_faults").add_metric(lv, st.probe_faults)
