@@ -30,8 +30,13 @@ def build(cfg: Config) -> p.Board:
         *engine_variables(cfg, all_=False),
         p.custom("block_bucket", "Blocks per cell", ["1", "2", "4", "8", "16", "32", "64"],
                  heat["block_bucket"], "Block IDs per heatmap cell (large pools: more)."),
-        p.custom("kv_group", "KV cache group", ["-1", "0", "1", "2", "3"], heat["kv_group"],
-                 "-1: every group; g: blocks of group g and the shared free ones."),
+        p.label_values("kv_group", "KV cache group",
+                       f'vllm_scheduler_kv_group_request_blocks{{{cfg.job}, server=~"$server", '
+                       f'engine=~"$engine"}}', all_value=heat["kv_group"],
+                       description="The engine's KV cache groups as vLLM built them (a Gemma 3 "
+                                   "of five sliding-window groups and one full one has six); "
+                                   "All: every group; g: blocks of group g and the shared free "
+                                   "ones."),
         p.custom("limit", "Rows", ["10", "20", "50"], sql.load("layout_owners").defaults["limit"],
                  "Rows of the holders table."),
     )

@@ -85,14 +85,16 @@ def datasource(name: str, label: str) -> db.DatasourceVariable:
 
 
 def label_values(name: str, label: str, series: str, *, all_: bool = True,
-                 description: str = "") -> db.QueryVariable:
-    """A Prometheus label's values; with All, the All value is ``.*`` (for ``=~``)."""
+                 description: str = "", all_value: str = ".*") -> db.QueryVariable:
+    """A Prometheus label's values; with All, the All value is ``all_value`` (``.*``, for
+    ``=~``)."""
     v = (db.QueryVariable(name).label(label).datasource(PROMETHEUS)
          .query(f"label_values({series}, {name})")
          .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
          .sort(dm.VariableSort.NATURAL_ASC).include_all(all_))
     if all_:
-        v.all_value(".*").current(dm.VariableOption(text="All", value="$__all", selected=True))
+        v.all_value(all_value).current(dm.VariableOption(text="All", value="$__all",
+                                                         selected=True))
     if description:
         v.description(description)
     return v
