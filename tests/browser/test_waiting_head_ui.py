@@ -17,9 +17,11 @@ def test_the_waiting_head_card_matches_the_api(serve: Any, page: Any) -> None:
     open_ui(page, f"{srv.url}/ui")
     (engine,) = httpx.get(f"{srv.url}/api/layout", timeout=5).json()["engines"]
     # The paused twin run (64 blocks, 104 waiting): r16 at the head needs 30 blocks, 21
-    # are free: it waits for blocks to free up, and it would fit in the pool.
+    # are free (no --watermark: all of them free for it): it waits for blocks to free up,
+    # and it would fit in the pool.
     assert engine["waiting_head"] == {"req_id": "r16", "blocks_needed": 30, "min_blocks": 30,
-                                      "usable_blocks": 63, "never_fits": False}
+                                      "usable_blocks": 63, "never_fits": False,
+                                      "admission_free": 21}
     assert engine["layout"]["summary"]["free_blocks"] == 21
     card = page.locator(".card", has=page.locator(".l", has_text="waiting head"))
     assert card.locator(".v").inner_text() == "waits for blocks"
