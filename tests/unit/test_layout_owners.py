@@ -25,6 +25,12 @@ from kvscope_probe import wire
 def reference(tables: dict[str, list[list[int]]], n: int, multi: bool):
     owner = np.full(n, -1, np.int32)
     group = np.full(n, -1 if multi else 0, np.int16)
+    listers: dict[int, set[int]] = {}
+    for idx, table in enumerate(tables.values()):
+        for ids in table:
+            for b in ids:
+                if 0 < b < n:
+                    listers.setdefault(b, set()).add(idx)
     out = []
     for idx, table in enumerate(tables.values()):
         total = shared = frags = 0
@@ -32,7 +38,7 @@ def reference(tables: dict[str, list[list[int]]], n: int, multi: bool):
             a = np.asarray(ids, dtype=np.int64)
             a = a[(a > 0) & (a < n)]
             taken = owner[a] != -1
-            shared += int(np.count_nonzero(taken))
+            shared += sum(len(listers[b]) > 1 for b in a.tolist())  # another request lists it
             owner[a[~taken]] = idx
             if multi:
                 group[a] = g

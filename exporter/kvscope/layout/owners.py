@@ -3,8 +3,10 @@
 Computed over every table at once: the tables are flattened into one array in listing
 order (request by request, group by group), so the per-block work is a few numpy passes
 instead of a Python loop per request and block. The answer is that of reading the tables
-one after another: a block belongs to the first table that lists it (later ones count it
-as shared), and with several KV groups its group is the last one that lists it.
+one after another: a block belongs to the first table that lists it, and with several KV
+groups its group is the last one that lists it. A block two requests list (a prefix-cache
+hit: vLLM's ``touch`` raised its ref count) counts as shared for each of them, the first
+included: freeing either frees none of it.
 """
 
 from __future__ import annotations
@@ -28,11 +30,11 @@ def owner_figures(tables: Mapping[str, list[list[int]]] | FlatTables, n: int, ow
                   ) -> tuple[list[int], list[int], list[int], FlatTables, np.ndarray]:
     """Fill ``owner`` (index of the request in ``tables``' order, per block) and, when
     given, ``group``; return per request its blocks (in the pool, null excluded), shared
-    blocks and fragments (``snapshot.fragments`` of each group, summed); the tables
-    flattened (``FlatTables``, or ``tables`` itself when flattened already: each group's
-    runs, ``snapshot.table_runs``, are built from them when read); and the IDs of the
-    blocks it filled, sorted. ``dense``: which way ``first_listings`` goes (None: the
-    cheaper for these sizes)."""
+    blocks (also listed by another request) and fragments (``snapshot.fragments`` of each
+    group, summed); the tables flattened (``FlatTables``, or ``tables`` itself when
+    flattened already: each group's runs, ``snapshot.table_runs``, are built from them
+    when read); and the IDs of the blocks it filled, sorted. ``dense``: which way
+    ``first_listings`` goes (None: the cheaper for these sizes)."""
     flat_tables = tables if isinstance(tables, FlatTables) else flatten(tables)
     flat, seg_lens = flat_tables.flat, flat_tables.seg_lens
     groups = np.asarray(flat_tables.groups, np.int64)
@@ -43,11 +45,19 @@ def owner_figures(tables: Mapping[str, list[list[int]]] | FlatTables, n: int, ow
     req_of = seg_req[seg_of]
     valid = (flat > 0) & (flat < n)
     v, vseg, vreq = flat[valid], seg_of[valid], req_of[valid]
-    blocks, first, first_of = first_listings(v, n, dense)
+    dense = dense_is_cheaper(v.size, n) if dense is None else dense
+    blocks, first, _ = first_listings(v, n, dense)
     owner[blocks] = vreq[first]
-    shared = vseg > vseg[first_of]
+    last = last_listings(v, n, blocks, dense)
     if group is not None and v.size:
-        group[blocks] = seg_group[vseg[last_listings(v, n, blocks, dense)]]
+        group[blocks] = seg_group[vseg[last]]
+    shared_block = vreq[first] != vreq[last]  # a block's first and last listers differ
+    if dense:
+        by_id = np.zeros(n, bool)
+        by_id[blocks] = shared_block
+        shared = by_id[v]
+    else:
+        shared = shared_block[np.searchsorted(blocks, v)]
     pos = flat > 0
     p, pseg = flat[pos], seg_of[pos]
     new_frag = np.ones(p.size, bool)
