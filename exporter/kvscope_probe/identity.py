@@ -127,6 +127,18 @@ def engine_identity(vllm_config: Any, env: dict[str, str] | None = None,
                     started=process_start_time())
 
 
+def allocation_block_size(group: Any, managers: Any, index: int) -> int:
+    """Tokens per block vLLM allocates for KV cache group ``index``: its manager's
+    ``block_size``, the spec's times the decode-context-parallel ranks a sharded spec is
+    spread over (``SingleTypeKVCacheManager.__init__``); the spec's own where no manager
+    says (a vLLM without them)."""
+    if index < len(managers):
+        size = getattr(managers[index], "block_size", None)
+        if isinstance(size, int) and size > 0:
+            return size
+    return int(group.kv_cache_spec.block_size)
+
+
 def hello(sched: Any, disabled: dict[str, str] | None = None) -> wire.Hello:
     """The Hello for vLLM scheduler ``sched``: a new session of this engine
     (``disabled``: the features the probe does not record, ``fingerprint``)."""
@@ -134,10 +146,12 @@ def hello(sched: Any, disabled: dict[str, str] | None = None) -> wire.Hello:
 
     cfg = sched.vllm_config
     pool = sched.kv_cache_manager.block_pool
+    managers = getattr(getattr(sched.kv_cache_manager, "coordinator", None),
+                       "single_type_managers", ())
     groups = [
-        wire.KVGroup(type(g.kv_cache_spec).__name__, int(g.kv_cache_spec.block_size),
+        wire.KVGroup(type(g.kv_cache_spec).__name__, allocation_block_size(g, managers, i),
                      int(getattr(g.kv_cache_spec, "sliding_window", None) or 0))
-        for g in sched.kv_cache_config.kv_cache_groups
+        for i, g in enumerate(sched.kv_cache_config.kv_cache_groups)
     ]
     served = cfg.model_config.served_model_name
     if isinstance(served, (list, tuple)):

@@ -77,15 +77,17 @@ def runs_of(ids: set[int]) -> list[int]:
     return sorted(runs)
 
 
-def group_truth(sched: Any, sizes: list[int]) -> tuple[list[int], list[int], list[int]]:
-    """Per KV group, from vLLM's own tables, counts and specs: tail waste (slots beyond
-    the computed tokens), held blocks (entries that are not the null block 0) and token
-    slots (entries x the group's block size).
+def group_truth(sched: Any) -> tuple[list[int], list[int], list[int]]:
+    """Per KV group, from vLLM's own tables, counts, specs and managers: tail waste (slots
+    beyond the computed tokens), held blocks (entries that are not the null block 0) and
+    token slots (entries x the tokens per block the group's manager allocates: the spec's
+    block size times the decode-context-parallel ranks of a sharded spec).
 
     A group has token slots only where vLLM's spec maps tokens to the states of a page
     (``tokens_per_state > 0``; ``KVCacheSpec.get_num_kernel_states``): a Mamba page
     (``tokens_per_state`` -1) is one recurrent state whatever its ``block_size``, so its
     group wastes no slots."""
+    sizes = [m.block_size for m in sched.kv_cache_manager.coordinator.single_type_managers]
     waste, held, slots_of = [0] * len(sizes), [0] * len(sizes), [0] * len(sizes)
     slots = [g.kv_cache_spec.tokens_per_state > 0
              for g in sched.kv_cache_config.kv_cache_groups]
@@ -108,7 +110,7 @@ def figures_difference(led: Any, sched: Any, free: set[int]) -> str | None:
     mine = led.free_runs_at_most((1, 4, 64))
     if mine != at_most:
         return f"free runs at most 1/4/64: ledger {mine}, pool {at_most}"
-    truth = group_truth(sched, led.group_block_sizes)
+    truth = group_truth(sched)
     if led.group_figures() != truth:
         return f"group waste/held: ledger {led.group_figures()}, vLLM {truth}"
     return None

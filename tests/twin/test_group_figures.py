@@ -35,8 +35,6 @@ def test_a_mamba_hybrids_waste_and_occupancy_follow_vllms_pages(prefix_caching: 
     assert kinds == ["MambaSpec", "FullAttentionSpec"]
     seen: list[tuple[float, float, float]] = []
     occupancy: list[tuple[float, float]] = []
-    sizes = [g.kv_cache_spec.block_size
-             for g in probed.scheduler.kv_cache_config.kv_cache_groups]
 
     checked = probed.scheduler.schedule  # PoolCheck's: the ledger drained and compared
 
@@ -46,7 +44,7 @@ def test_a_mamba_hybrids_waste_and_occupancy_follow_vllms_pages(prefix_caching: 
         out = checked(*args, **kwargs)
         if not probed.scheduler.running:
             return out
-        waste, _, slots = group_truth(probed.scheduler, sizes)
+        waste, _, slots = group_truth(probed.scheduler)
         truth = 1.0 - sum(waste) / sum(slots) if sum(slots) else 1.0
         labels = {"server": "", "engine": probed.engine, "model": probed.state.hello.model}
         v = reg.get_sample_value

@@ -80,6 +80,12 @@ class TwinConfig:
     which vLLM's planner groups back into exactly these. Empty: the layout's stand-in.
     Read from an engine's hello by ``kvscope.whatif.engine_settings``."""
 
+    decode_context_parallel_size: int = 1
+    """Ranks decode attention's KV is sharded across (``--decode-context-parallel-size``):
+    vLLM's managers then allocate blocks of ``block_size x`` this many tokens. The twin
+    runs no model: the tensor-parallel size it implies (twice this, above the tiny model's
+    two KV heads, as vLLM's config check requires) only passes that check."""
+
     watermark: float = 0.0
     """Fraction of the pool vLLM keeps free from waiting and preempted requests while any
     request runs (``--watermark``; 0, vLLM's default: none)."""
@@ -140,14 +146,16 @@ class TwinConfig:
                 f"num_speculative_tokens must not be negative, got {self.num_speculative_tokens}."
             )
         if self.block_size > 0 and self.num_blocks >= 2 and self.layout != "sliding":
-            capacity = (self.num_blocks - 1) * self.block_size
+            capacity = ((self.num_blocks - 1) * self.block_size
+                        * max(1, self.decode_context_parallel_size))
             if capacity < self.max_model_len:
                 # vLLM refuses to start when one full-length request cannot fit; the
                 # scheduler would otherwise preempt that request forever. A layout with a
                 # full-attention group needs at least this; vLLM's own check (run when
                 # the scheduler is built) also counts the other groups.
                 errors.append(
-                    f"the pool holds {capacity} tokens ((num_blocks - 1) * block_size), "
+                    f"the pool holds {capacity} tokens ((num_blocks - 1) * block_size * "
+                    f"decode_context_parallel_size), "
                     f"fewer than max_model_len ({self.max_model_len})."
                 )
         if self.policy not in POLICIES:

@@ -76,7 +76,9 @@ def vllm_config(cfg: TwinConfig, model_dir: Path | None = None) -> VllmConfig:
         watermark=cfg.watermark,
     )
     cache = CacheConfig(block_size=cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching)
-    parallel = ParallelConfig()
+    dcp = cfg.decode_context_parallel_size
+    parallel = (ParallelConfig() if dcp == 1 else
+                ParallelConfig(tensor_parallel_size=2 * dcp, decode_context_parallel_size=dcp))
     speculative = None
     if cfg.num_speculative_tokens:
         speculative = SpeculativeConfig(
