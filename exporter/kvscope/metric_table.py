@@ -87,7 +87,8 @@ SIDECAR_METRICS: tuple[Declared, ...] = (
              "Upper bound on the blocks the head of the waiting queue needs: its whole sequence "
              "and vLLM's speculative lookahead in every KV cache group as if each kept every "
              "block (sliding-window and Mamba groups hold fewer), before prefix-cache hits (0: "
-             "nothing waits)."),
+             "nothing waits, or vLLM skips the head for a reason other than blocks: a grammar "
+             "compiling, a KV load, streaming input)."),
     Declared("vllm_scheduler_waiting_head_never_fits", GAUGE, ENGINE,
              "1 while the head of the waiting queue needs more blocks than the whole pool holds "
              "(its full-attention groups' blocks alone exceed the usable blocks): it can never be "

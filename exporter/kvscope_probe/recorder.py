@@ -105,6 +105,10 @@ class Recorder(PoolMirror):
         self.group_block_sizes = [g.block_size for g in self.hello.kv_groups]
         self.kv_holding = (None if "kv_holding" in self.disabled
                            else getattr(sched, "kv_holding_waiting", None))
+        deferred = getattr(sched, "deferred_waiting", None)
+        self.deferred: Any = deferred if isinstance(deferred, set) else frozenset()
+        """vLLM's set of waiting requests its loop skipped for other reasons than blocks
+        (the one set object it keeps, added to and discarded from: read, never changed)."""
         self.head_extra = int(getattr(sched, "num_lookahead_tokens", 0) or 0)
         """Tokens vLLM allocates for beyond a request's own when it admits one (its
         speculative lookahead: ``allocate_slots``' ``num_lookahead_tokens``)."""
@@ -249,12 +253,17 @@ class Recorder(PoolMirror):
         length and vLLM's lookahead, before prefix hits), its ID; ``held`` and ``queued``
         are the lengths of ``kv_holding_waiting`` and ``waiting`` (vLLM's queues define
         their lengths in Python: read once a step, by ``on_step``). The head vLLM's loop
-        takes first: the requests that hold KV blocks while waiting are drained first."""
+        takes first: the requests that hold KV blocks while waiting are drained first.
+        None when vLLM skipped that request in this step for a reason other than blocks
+        (``deferred_waiting``: a grammar compiling, a KV load, streaming input, stale
+        output in flight; vLLM puts it back at the head and admits those behind it)."""
         if held:
             req = self.kv_holding.peek_request()
         elif queued:
             req = self.sched.waiting.peek_request()
         else:
+            return 0, ""
+        if req in self.deferred:
             return 0, ""
         n = min(req.num_tokens + self.head_extra, self.head_cap)
         sizes = self.group_block_sizes

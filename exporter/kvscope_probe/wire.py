@@ -236,9 +236,11 @@ class Step(msgspec.Struct, tag="step", array_like=True, frozen=True, gc=False):
     vLLM's speculative lookahead (at most ``max_model_len`` tokens), in every KV group,
     before prefix-cache hits (an upper bound); 0 when nothing waits. The head is the one
     vLLM's loop takes first: a request holding KV blocks while waiting, else the waiting
-    queue's."""
+    queue's; 0 too while vLLM skips it for a reason other than blocks (its
+    ``deferred_waiting``: a grammar compiling, a KV load, streaming input)."""
     head_req_id: str
-    """The request at the head of the waiting queue ("" when nothing waits)."""
+    """The request at the head of the waiting queue ("" when nothing waits, or vLLM skips
+    it for a reason other than blocks)."""
     free_blocks: int
     """The pool's own free count after the step, a check for the ledger."""
     schedule_ns: int

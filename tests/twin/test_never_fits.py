@@ -167,3 +167,31 @@ def test_a_head_held_back_by_the_watermark_is_admission_blocked() -> None:
     assert {d.reason for d in blocked} == {"kv_blocks"}
     assert all(d.blocks_needed <= d.free_blocks < d.blocks_needed + 24 for d in blocked)
     assert all("watermark_blocks=24" in d.msg for d in blocked)
+
+
+def test_a_head_vllm_skips_for_its_grammar_is_not_called_blocked_by_blocks() -> None:
+    """A structured-output request whose grammar is still compiling
+    (``WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR``, as vLLM's add_request leaves it) sits at
+    the head of the waiting queue and is skipped every step, vLLM admitting the requests
+    behind it (``skip_request``: in ``deferred_waiting``, put back at the head). kvscope
+    named it the head and sized its 1,000-token prompt against the free blocks: the
+    admission alert's expression held while vLLM admitted the others."""
+    from vllm.v1.request import RequestStatus
+
+    pt = ProbedTwin(TwinConfig(num_blocks=40), seed=3)
+    sched = pt.scheduler
+    pt.twin.add(TwinRequest("grammar", (7,) * 1000, 20, 0, 0))
+    sched.requests["grammar"].status = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+    for i in range(6):
+        pt.twin.add(TwinRequest(f"r{i}", (i + 10,) * 300, 200, 0, 0))
+    skipped_heads = admitted = 0
+    for _ in range(40):
+        out = pt.twin.step()
+        pt.drain()
+        admitted += len(out.scheduled_new_reqs) if out is not None else 0
+        s = pt.state.last_step
+        assert sched.requests["grammar"] in sched.deferred_waiting  # vLLM skips it
+        assert s is not None and s.waiting >= 1
+        skipped_heads += s.head_req_id == "grammar"
+    assert admitted >= 2  # the requests behind it were admitted meanwhile
+    assert skipped_heads == 0
