@@ -11,7 +11,7 @@ replaying them in order rebuilds the exact free set (unordered sets do not).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection
 from typing import Union
 
 import msgspec
@@ -392,7 +392,7 @@ def encode(frame: Frame) -> list[bytes]:
     return [VERSION_TAG, _encoder.encode(frame)]
 
 
-def cached_edit(prev: list[str], ids: list[str], gone: Iterable[str]) -> list[int] | None:
+def cached_edit(prev: list[str], ids: list[str], gone: Collection[str]) -> list[int] | None:
     """The probe's side of ``Step.cached_removed``: the positions in ``prev`` of the requests
     of ``gone`` (those that finished or were preempted) that make ``prev`` without them the
     head of ``ids``, ``[]`` when ``prev`` is its head already; None when ``ids`` is not so
@@ -402,11 +402,15 @@ def cached_edit(prev: list[str], ids: list[str], gone: Iterable[str]) -> list[in
     if len(ids) >= n and ids[:n] == prev:  # only appended (identity compares in C)
         return []
     cut: set[int] = set()
-    for rid in gone:
-        try:
-            cut.add(prev.index(rid))
-        except ValueError:  # not in the previous list
-            continue
+    if len(gone) > 16:  # many ended at once (a mass abort of queued requests): one dict,
+        at = {rid: i for i, rid in enumerate(prev)}  # not a scan of prev for each
+        cut.update(i for i in map(at.get, gone) if i is not None)
+    else:
+        for rid in gone:
+            try:
+                cut.add(prev.index(rid))
+            except ValueError:  # not in the previous list
+                continue
     if not cut:
         return None
     removed = sorted(cut)

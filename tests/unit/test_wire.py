@@ -137,6 +137,8 @@ def test_a_list_sent_as_an_edit_is_rebuilt_exactly(prev: list[str], out: set[int
     # aborted while it waited); one still listed makes the cut fail its check (next test)
     gone = [prev[i] for i in removed] + [rid for rid in others if rid not in prev + ids]
     cut = wire.cached_edit(list(prev), ids, gone)
+    # many ended at once (a mass abort: a dict of positions, not a scan per request)
+    assert wire.cached_edit(list(prev), ids, gone + [f"absent-{i}" for i in range(20)]) == cut
     if not shuffle and (removed or ids[:len(prev)] == prev):
         assert cut is not None
     if cut is not None:
