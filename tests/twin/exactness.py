@@ -12,8 +12,12 @@ difference raises ``AssertionError`` naming the step and what differed.
 from __future__ import annotations
 
 import gc
+import inspect
+from collections.abc import Callable
 from itertools import combinations, product
 from typing import Any
+
+import pytest
 
 from kvscope.twin.probed import ProbedTwin
 from kvscope_probe import wire
@@ -254,3 +258,35 @@ def covering(axes: dict[str, tuple[Any, ...]], strength: int,
         rows.append(best)
         uncovered -= covered(best, strength)
     return rows
+
+
+def head_needs(monkeypatch: pytest.MonkeyPatch, pt_of: Callable[[], ProbedTwin]
+               ) -> tuple[ProbedTwin, list[tuple[int, int]], Callable[[int, object], None]]:
+    """vLLM's own ``get_num_blocks_to_allocate`` recorded per request at every call (on
+    the unitary coordinator's class, before ``pt_of`` builds the probed twin: the probe's
+    blocks-needed hook calls what it found), and an ``on_step`` that pairs after each
+    step the waiting head's bound with the most vLLM asked the pool for that request."""
+    from vllm.v1.core.kv_cache_coordinator import UnitaryKVCacheCoordinator as coord_cls
+
+    own = coord_cls.get_num_blocks_to_allocate
+    sig = inspect.signature(own)
+    asked: dict[str, int] = {}
+
+    def recorded(self: object, *args: object, **kw: object) -> int:
+        n = own(self, *args, **kw)
+        rid = str(sig.bind(self, *args, **kw).arguments["request_id"])
+        asked[rid] = max(n, asked.get(rid, 0))
+        return n
+
+    monkeypatch.setattr(coord_cls, "get_num_blocks_to_allocate", recorded)
+    pt = pt_of()
+    assert type(pt.rec.mgr.coordinator) is coord_cls
+    checked: list[tuple[int, int]] = []
+
+    def after(_: int, __: object) -> None:
+        s = pt.state.last_step
+        if s is not None and s.head_req_id in asked:
+            checked.append((s.head_blocks_needed, asked[s.head_req_id]))
+        asked.clear()
+
+    return pt, checked, after

@@ -9,46 +9,24 @@ vLLM allocates, not as the spec reads.
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 
 from kvscope.twin import TwinConfig, WorkloadSpec, generate
 from kvscope.twin.probed import ProbedTwin
 from kvscope.twin.workload import TwinRequest
-from tests.twin.exactness import PoolCheck
+from tests.twin.exactness import PoolCheck, head_needs
 
 pytestmark = pytest.mark.twin
 
 
 def test_blocks_are_sized_as_vllm_allocates_them_under_dcp(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from vllm.v1.core.kv_cache_coordinator import UnitaryKVCacheCoordinator as coord_cls
-
-    own = coord_cls.get_num_blocks_to_allocate
-    sig = inspect.signature(own)
-    asked: dict[str, int] = {}
-
-    def recorded(self: object, *args: object, **kw: object) -> int:
-        n = own(self, *args, **kw)
-        rid = str(sig.bind(self, *args, **kw).arguments["request_id"])
-        asked[rid] = max(n, asked.get(rid, 0))
-        return n
-
-    monkeypatch.setattr(coord_cls, "get_num_blocks_to_allocate", recorded)
-    pt = ProbedTwin(TwinConfig(num_blocks=24, decode_context_parallel_size=2), seed=3)
+    pt, heads, after = head_needs(monkeypatch, lambda: ProbedTwin(
+        TwinConfig(num_blocks=24, decode_context_parallel_size=2), seed=3))
     (manager,) = pt.scheduler.kv_cache_manager.coordinator.single_type_managers
     assert (manager.kv_cache_spec.block_size, manager.block_size) == (32, 64)
     assert [g.block_size for g in pt.rec.hello.kv_groups] == [64]
     check = PoolCheck(pt)  # the ledger, free runs and group figures against vLLM's, each step
-    heads: list[tuple[int, int]] = []
-
-    def after(_: int, __: object) -> None:
-        s = pt.state.last_step
-        if s is not None and s.head_req_id in asked:
-            heads.append((s.head_blocks_needed, asked[s.head_req_id]))
-        asked.clear()
-
     long = [TwinRequest(f"long{i}", (i + 1,) * 600, 40, 0, 0) for i in range(3)]
     mixed = generate(WorkloadSpec(n_requests=40, seed=3))
     result = pt.run(long + mixed, on_step=after)

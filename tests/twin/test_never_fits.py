@@ -9,8 +9,6 @@ upper bound exceeds the pool while the request fits.
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 
 from kvscope.rows import SchedulerDecision
@@ -19,6 +17,7 @@ from kvscope.state.requests import RequestTracker
 from kvscope.twin import TwinConfig
 from kvscope.twin.probed import ProbedTwin
 from kvscope.twin.workload import TwinRequest
+from tests.twin.exactness import head_needs
 
 pytestmark = pytest.mark.twin
 
@@ -121,31 +120,8 @@ def test_the_heads_bound_holds_vllms_own_need_with_speculative_lookahead(
     20. With 19 blocks free beside a running one, vLLM's full-sequence check (19) passes
     and the lookahead's (20) fails; the probe's bound left the lookahead out and read 19,
     under vLLM's own need (its get_num_blocks_to_allocate, recorded at every call)."""
-    from vllm.v1.core.kv_cache_coordinator import UnitaryKVCacheCoordinator as coord_cls
-
-    own = coord_cls.get_num_blocks_to_allocate
-    sig = inspect.signature(own)
-    asked: dict[str, int] = {}
-
-    def recorded(self: object, *args: object, **kw: object) -> int:
-        n = own(self, *args, **kw)
-        rid = str(sig.bind(self, *args, **kw).arguments["request_id"])
-        asked[rid] = max(n, asked.get(rid, 0))
-        return n
-
-    # on the class before the probe attaches: its blocks-needed hook calls what it found
-    monkeypatch.setattr(coord_cls, "get_num_blocks_to_allocate", recorded)
     cfg = TwinConfig(num_blocks=40, num_speculative_tokens=3, max_num_batched_tokens=2048)
-    pt = ProbedTwin(cfg, seed=3)
-    assert type(pt.rec.mgr.coordinator) is coord_cls
-    checked: list[tuple[int, int]] = []
-
-    def after(_: int, __: object) -> None:
-        s = pt.state.last_step
-        if s is not None and s.head_req_id in asked:
-            checked.append((s.head_blocks_needed, asked[s.head_req_id]))
-        asked.clear()
-
+    pt, checked, after = head_needs(monkeypatch, lambda: ProbedTwin(cfg, seed=3))
     requests = [req(f"r{i}", 608, 40, token=i + 1) for i in range(3)]
     assert pt.run(requests, on_step=after).finished == 3
     assert checked and all(bound >= need for bound, need in checked), checked

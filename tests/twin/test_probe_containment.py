@@ -117,24 +117,30 @@ def test_a_fault_in_the_blocks_needed_hook_changes_nothing(baseline: dict[str, A
     assert rec.faults > 0  # the hook was armed and its faults were counted
 
 
-def test_a_bind_that_fails_halfway_leaves_nothing_recording(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """``bind`` points the pool at the Recorder, then arms the blocks-needed watch; when
-    that last part fails, ``attach`` gives the scheduler up. The pool's hooks must stop
-    too: left pointing at an enabled Recorder whose steps never run again, every
-    allocation and free appended to its operation list for the engine's lifetime."""
+def attach_failed() -> Any:
+    """A twin whose scheduler the probe tried to attach to, with an endpoint set, and
+    failed (the test has made it fail): marked, never tried again."""
     assert plugin.enable(None)
     twin = Twin(config(LAYOUT), seed=5)
     twin.scheduler._kvscope = None
-    pool = twin.scheduler.kv_cache_manager.block_pool
-    monkeypatch.setattr(Recorder, "watch_need", boom)
     plugin._endpoint = "ipc:///nonexistent/kvscope-test.sock"
     try:
         assert plugin.attach(twin.scheduler) is None
     finally:
         plugin.enable(None)
     assert not twin.scheduler._kvscope.enabled
-    left = pool._kvscope
+    return twin
+
+
+def test_a_bind_that_fails_halfway_leaves_nothing_recording(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``bind`` points the pool at the Recorder, then arms the blocks-needed watch; when
+    that last part fails, ``attach`` gives the scheduler up. The pool's hooks must stop
+    too: left pointing at an enabled Recorder whose steps never run again, every
+    allocation and free appended to its operation list for the engine's lifetime."""
+    monkeypatch.setattr(Recorder, "watch_need", boom)
+    twin = attach_failed()
+    left = twin.scheduler.kv_cache_manager.block_pool._kvscope
     assert left is None or not left.enabled
     before = trail(Twin(config(LAYOUT), seed=5))  # a fresh engine, unprobed
     twin_trail = trail(twin)
@@ -194,13 +200,5 @@ def test_a_probe_that_cannot_import_its_parts_is_tried_once(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A broken install (the sender's module unimportable): the scheduler is marked and
     left alone, not attached again (a search of sys.path) at every step and arrival."""
-    assert plugin.enable(None)
-    twin = Twin(config(LAYOUT), seed=5)
-    twin.scheduler._kvscope = None
     monkeypatch.setitem(sys.modules, "kvscope_probe.sender", None)
-    plugin._endpoint = "ipc:///nonexistent/kvscope-test.sock"
-    try:
-        assert plugin.attach(twin.scheduler) is None
-    finally:
-        plugin.enable(None)
-    assert not twin.scheduler._kvscope.enabled
+    attach_failed()
