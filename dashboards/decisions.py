@@ -41,7 +41,7 @@ def build(cfg: Config) -> p.Board:
                 p.loki_q(logql("preemptions_by_reason"), "{{reason}}")),
         p.graph("Decisions by event",
                 "Decision lines per kind: preempt, admission_blocked, never_fits, resume, "
-                "finish, abort. "
+                "finish, abort, error. "
                 "loki/queries.logql: decisions_by_event.",
                 p.loki_q(logql("decisions_by_event"), "{{event}}")),
         p.graph("Preemptions by engine", "loki/queries.logql: preemptions_by_engine.",

@@ -1,5 +1,5 @@
 -- The decision log as ClickHouse stores it (scheduler_decisions): per decision kind
--- (preempt, admission_blocked, never_fits, resume, finish, abort) and reason over a time
+-- (preempt, admission_blocked, never_fits, resume, finish, abort, error) and reason over a time
 -- range, how many, the requests involved, the average blocks needed and free at the
 -- decision, and the lowest free count and max contiguous free run seen. Loki's counts of
 -- the same log (loki/queries.logql) should agree.

@@ -152,7 +152,7 @@ class SchedulerDecision:
     model: str
     engine: str
     decision: str
-    """preempt, admission_blocked, resume, finish, abort."""
+    """preempt, admission_blocked, never_fits, resume, finish, abort, error."""
     request_id: str
     reason: str
     """preempt: kv_full, priority or unknown; admission_blocked: the limit vLLM's waiting

@@ -56,6 +56,7 @@ def test_sigterm_under_load_flushes_or_spools_every_row(tmp_path: Path) -> None:
     assert code is not None and took < EXIT_BOUND_S, stderr[-2000:]
     assert "kvscope sidecar stopped" in stderr
     assert both["scheduler_decisions"] == sum(decisions.values()) > 0
-    assert both["request_traces"] == decisions["finish"] + decisions["abort"] > 0
+    assert both["request_traces"] == (decisions["finish"] + decisions["abort"]
+                                         + decisions.get("error", 0)) > 0
     assert store["request_traces"]["distinct_request_ids"] == store["request_traces"]["rows"]
     assert all(v["duplicate_rows"] == 0 for v in store.values())

@@ -134,7 +134,8 @@ def test_an_outage_under_load_loses_no_row_and_memory_stays_bounded(tmp_path: Pa
         "duplicate_rows"] == 0
     # and they are the rows the tracker emitted: the decision log saw the same decisions
     assert store["scheduler_decisions"]["rows"] == sum(decisions.values())
-    assert store["request_traces"]["rows"] == decisions["finish"] + decisions["abort"] > 100
+    assert store["request_traces"]["rows"] == (decisions["finish"] + decisions["abort"]
+                                              + decisions.get("error", 0)) > 100
 
 
 @pytest.mark.parametrize("policy", ["drop_oldest", "drop_newest"])

@@ -37,3 +37,21 @@ def test_a_step_that_took_a_preempted_request_back_admitted_it() -> None:
     idle = step(free_blocks=7, running=0, waiting=2, head_blocks_needed=9)
     (d,) = decisions_after([idle])
     assert (d.reason, d.blocks_needed, d.free_blocks) == ("kv_blocks", 9, 7)
+
+
+def test_a_request_vllm_ended_in_error_is_an_error_decision_not_a_finish() -> None:
+    """vLLM ends a request FINISHED_ERROR (a failed KV load, a model error): the decision
+    log said "finish" with "Finished request", and a query for failures found nothing."""
+    hub = Hub()
+    got: list[SchedulerDecision] = []
+    tracker = RequestTracker(lambda r: got.append(r) if isinstance(r, SchedulerDecision)
+                             else None)
+    hub.listeners.append(tracker.on_event)
+    feed(hub, [hello(), step(free_blocks=7), keyframe()], 0)
+    ends = [wire.End(rid, status, 8, 4, 0, 0, 3.0) for rid, status in
+            (("ok", "FINISHED_STOPPED"), ("gone", "FINISHED_ABORTED"),
+             ("failed", "FINISHED_ERROR"))]
+    feed(hub, [step(free_blocks=7, ends=ends)], 3)
+    by_id = {d.request_id: (d.decision, d.msg.split(" request ")[0]) for d in got}
+    assert by_id == {"ok": ("finish", "Finished"), "gone": ("abort", "Aborted"),
+                     "failed": ("error", "Failed")}

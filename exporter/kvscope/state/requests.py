@@ -28,6 +28,9 @@ from kvscope_probe import wire
 
 Emit = Callable[[Any], None]
 MAX_LIVE_REQUESTS = 100_000
+END_DECISIONS = {"FINISHED_ABORTED": ("abort", "Aborted"), "FINISHED_ERROR": ("error", "Failed")}
+"""A request's end in the decision log by vLLM's status: ``finish`` (``Finished``) for
+the others (stopped, length-capped, ignored, repetition)."""
 CONFIG_EVERY_S = 3600.0
 """Engine seconds after which an engine's ``engine_configs`` row is written again (stamped
 with the step that writes it): readers take the latest row at or before a request, and
@@ -279,8 +282,9 @@ class RequestTracker:
         aborted = e.status == "FINISHED_ABORTED"
         self._event(st, e.ts, e.req_id, "aborted" if aborted else "finished",
                     tokens=e.prompt_len + e.output_len, detail=e.status)
-        self._decision(st, e.ts, "abort" if aborted else "finish", e.req_id,
-                       f"{'Aborted' if aborted else 'Finished'} request {e.req_id} "
+        decision, verb = END_DECISIONS.get(e.status, ("finish", "Finished"))
+        self._decision(st, e.ts, decision, e.req_id,
+                       f"{verb} request {e.req_id} "
                        f"status={e.status} output_tokens={e.output_len} "
                        f"preemptions={e.num_preemptions}", tokens=e.output_len)
         if live is None:
