@@ -82,7 +82,10 @@ SIDECAR_METRICS: tuple[Declared, ...] = (
     Declared("vllm_scheduler_running_requests", GAUGE, ENGINE,
              "Requests running after the last step."),
     Declared("vllm_scheduler_waiting_requests", GAUGE, ENGINE,
-             "Requests waiting after the last step."),
+             "Requests in vLLM's waiting queues after the last step, those it skipped for a "
+             "grammar, a KV load or streaming input included (vLLM's own "
+             "vllm:num_requests_waiting leaves those out; without the probe, the coarse "
+             "figures from --vllm-url are that one)."),
     Declared("vllm_scheduler_waiting_head_blocks_needed", GAUGE, ENGINE,
              "Upper bound on the blocks the head of the waiting queue needs: its whole sequence "
              "and vLLM's speculative lookahead in every KV cache group as if each kept every "
