@@ -38,6 +38,10 @@ FORCED_KEYFRAME_GAP_S = 0.2
 """Least time between keyframes asked for by a drop or a fault. A dropped send asks for
 one only once a later send goes through (``sender.py``), so while the sidecar is gone only
 the periodic keyframe is built."""
+FORCED_KEYFRAME_SHARE = 0.01
+"""And at most this share of the engine thread's time: after a keyframe that took T (a
+large pool's tables: milliseconds), the next forced one waits T / this, so a sidecar that
+reads, stalls and reads again cannot make keyframes take more."""
 
 
 RING_BYTES = 64 << 20
@@ -370,10 +374,10 @@ class Recorder(PoolMirror):
         if self.repair_at is not None or self.ring_full():
             self.want_keyframe = True  # built once there is room: a full ring drops it
             return
+        t0 = _now_ns()
         self.settle()
         self.want_keyframe = False
         self.next_keyframe_ns = t_now + self.keyframe_interval_ns
-        self.next_forced_ns = t_now + int(FORCED_KEYFRAME_GAP_S * 1e9)
         get_ids = self.mgr.get_block_ids
         # Requests that hold KV blocks while they wait (remote KV loads) own blocks too.
         holders = [*self.sched.running, *(self.kv_holding or ())]
@@ -381,3 +385,6 @@ class Recorder(PoolMirror):
         tokens = {r.request_id: int(r.num_computed_tokens) for r in holders}
         self.push(wire.Keyframe(self.hello, self.states, tables, tokens))
         self.prev_cached = None  # the step after a keyframe carries its whole list
+        took = _now_ns() - t0
+        self.next_forced_ns = t_now + max(int(FORCED_KEYFRAME_GAP_S * 1e9),
+                                          int(took / FORCED_KEYFRAME_SHARE))

@@ -218,3 +218,27 @@ def test_no_keyframe_is_built_while_the_ring_is_full(monkeypatch: pytest.MonkeyP
     rec.keyframe(hooks._now_ns())
     assert built["n"] == 1 and not rec.want_keyframe
     assert isinstance(msgspec.msgpack.decode(rec.ring[-1][1], type=wire.Record), wire.Keyframe)
+
+
+def test_forced_keyframes_take_at_most_their_share_of_the_engine_thread(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A keyframe reads every holder's table on vLLM's engine thread (milliseconds on a
+    large pool), and a sidecar that reads, stalls and reads again asks for one after each
+    resync. After a keyframe that took T, the next forced one waits T / 1% (0.2 s at
+    least): a 5 ms keyframe, 0.5 s; the gap stayed 0.2 s whatever T, five a second."""
+    from kvscope_probe import recorder
+
+    _twin, rec, _pool = probed(monkeypatch, keyframe_s=3600)
+    clock = {"ns": 10**12, "step": 5_000_000}
+
+    def now() -> int:  # one step between the keyframe's start and its end
+        clock["ns"] += clock["step"]
+        return clock["ns"]
+
+    monkeypatch.setattr(recorder, "_now_ns", now)
+    t = 7 * 10**12
+    rec.keyframe(t)
+    assert rec.next_forced_ns - t == 5_000_000 / recorder.FORCED_KEYFRAME_SHARE == 5 * 10**8
+    clock["step"] = 100_000  # a cheap one (0.1 ms): the 0.2 s floor holds
+    rec.keyframe(t)
+    assert rec.next_forced_ns - t == int(recorder.FORCED_KEYFRAME_GAP_S * 1e9)
