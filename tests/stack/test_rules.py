@@ -88,12 +88,21 @@ def test_every_alert_follows_the_conventions() -> None:
     assert sections == alerts, "runbook sections without an alert"
 
 
+def vllm_flags() -> set[str]:
+    """Every option of vLLM's own server parser (``EngineArgs.add_cli_args``)."""
+    from vllm.engine.arg_utils import EngineArgs
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:  # where older vLLMs keep it
+        from vllm.utils import FlexibleArgumentParser  # type: ignore[attr-defined,no-redef]
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    return set(parser._option_string_actions)
+
+
 def test_runbook_names_only_real_vllm_flags() -> None:
-    real = {
-        "--num-gpu-blocks-override", "--gpu-memory-utilization", "--max-num-seqs",
-        "--max-num-batched-tokens", "--block-size", "--scheduling-policy",
-        "--enable-prefix-caching", "--health-timeout", "--endpoint", "--vllm-url",
-        "--param", "--list", "--max-model-len", "--kv-cache-memory-bytes",
+    real = vllm_flags() | {
+        "--health-timeout", "--endpoint", "--vllm-url",
+        "--param", "--list",
         "--worst", "--since", "--server",  # kvscope explain's, as --param is kvscope query's
     } | {s.flag for s in SETTINGS if s.flag}  # kvscope serve's
     texts = [RUNBOOK.read_text()] + [
