@@ -11,7 +11,7 @@ from tests.unit.test_hub import feed, keyframe
 from tests.unit.test_wire import hello, step
 
 
-def decisions_after(steps: list[wire.Step]) -> list[SchedulerDecision]:
+def all_decisions_after(steps: list[wire.Step]) -> list[SchedulerDecision]:
     """The decisions a tracker makes of ``steps``, fed after a hello and a keyframe of an
     8-block pool (block 0 null)."""
     hub = Hub()
@@ -21,7 +21,12 @@ def decisions_after(steps: list[wire.Step]) -> list[SchedulerDecision]:
     hub.listeners.append(tracker.on_event)
     feed(hub, [hello(), step(free_blocks=7), keyframe()], 0)
     feed(hub, list(steps), 3)
-    return [d for d in got if d.decision == "admission_blocked"]
+    return got
+
+
+def decisions_after(steps: list[wire.Step]) -> list[SchedulerDecision]:
+    """The admission_blocked decisions of ``steps`` (``all_decisions_after``)."""
+    return [d for d in all_decisions_after(steps) if d.decision == "admission_blocked"]
 
 
 def test_a_step_that_took_a_preempted_request_back_admitted_it() -> None:
@@ -42,16 +47,10 @@ def test_a_step_that_took_a_preempted_request_back_admitted_it() -> None:
 def test_a_request_vllm_ended_in_error_is_an_error_decision_not_a_finish() -> None:
     """vLLM ends a request FINISHED_ERROR (a failed KV load, a model error): the decision
     log said "finish" with "Finished request", and a query for failures found nothing."""
-    hub = Hub()
-    got: list[SchedulerDecision] = []
-    tracker = RequestTracker(lambda r: got.append(r) if isinstance(r, SchedulerDecision)
-                             else None)
-    hub.listeners.append(tracker.on_event)
-    feed(hub, [hello(), step(free_blocks=7), keyframe()], 0)
     ends = [wire.End(rid, status, 8, 4, 0, 0, 3.0) for rid, status in
             (("ok", "FINISHED_STOPPED"), ("gone", "FINISHED_ABORTED"),
              ("failed", "FINISHED_ERROR"))]
-    feed(hub, [step(free_blocks=7, ends=ends)], 3)
+    got = all_decisions_after([step(free_blocks=7, ends=ends)])
     by_id = {d.request_id: (d.decision, d.msg.split(" request ")[0]) for d in got}
     assert by_id == {"ok": ("finish", "Finished"), "gone": ("abort", "Aborted"),
                      "failed": ("error", "Failed")}
