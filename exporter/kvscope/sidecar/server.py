@@ -26,6 +26,7 @@ from kvscope.sidecar.exposition.own_cpu import OwnCpu
 from kvscope.sidecar.exposition.process import ProcessReader
 from kvscope.sidecar.exposition.vllm_metrics import VllmScraper
 from kvscope.sidecar.http.app import create_app
+from kvscope.sidecar.http.connections import MAX_IN_FLIGHT, RequestBoundProtocol
 from kvscope.sidecar.ingest.receiver import Receiver
 from kvscope.sinks.base import SinkManager
 from kvscope.sinks.metrics import SinkCollector
@@ -195,7 +196,8 @@ def _uvicorn_config(cfg: ServeConfig, app: Any) -> uvicorn.Config:
         port=cfg.port,
         log_level=cfg.log_level.lower(),
         access_log=False,
-        limit_concurrency=256,
+        http=RequestBoundProtocol,  # requests in flight bounded, not open connections
+        limit_concurrency=MAX_IN_FLIGHT,
         timeout_graceful_shutdown=5,
         ssl_certfile=cfg.tls_cert,
         ssl_keyfile=cfg.tls_key,
