@@ -183,7 +183,7 @@ def newest_within(snaps: list[Snapshot], limit: int, max_runs: int,
 
 
 def layout_router(hub: Hub, sampler: LayoutSampler,
-                  store_history: Callable[[str, float, float, int], list[Any]] | None = None,
+                  store_history: Callable[[str, float, float, int, int], list[Any]] | None = None,
                   ) -> APIRouter:
     """Routes for layer 3; ``store_history`` reads snapshots older than the sampler's
     memory (from ClickHouse ``layout_snapshots``) when a store is configured."""
@@ -223,7 +223,7 @@ def layout_router(hub: Hub, sampler: LayoutSampler,
         oldest = sampler.oldest_ts(engine)
         if store_history is not None and (oldest is None or t0 < oldest - sampler.interval_s):
             try:
-                snaps = store_history(engine, t0, t1, limit + 1)
+                snaps = store_history(engine, t0, t1, limit + 1, max_runs)
                 source = "clickhouse"
             except Exception as exc:  # noqa: BLE001 - the store may be down: say so
                 raise HTTPException(503, f"layout history store unavailable: "

@@ -24,7 +24,11 @@ COLUMNS = ("ts, model, engine, session, step, num_blocks, free_blocks, cached_bl
            "kv_group_kinds, states, block_group, owner, owner_req_ids, owner_blocks, "
            "owner_fragments, owner_group_runs, server")
 
-StoreHistory = Callable[[str, float, float, int], list[Snapshot]]
+StoreHistory = Callable[[str, float, float, int, int], list[Snapshot]]
+"""``read(engine, t0, t1, limit, max_runs)``: at most ``limit`` snapshots, oldest first."""
+CELLS_PER_READ = 262_144
+"""Block entries one query of stored snapshots decodes at most (each row holds a few per
+block of the pool): pages of ``CELLS_PER_READ // num_blocks`` rows, one row at least."""
 
 
 def layout_rows(snap: Snapshot, *, arrays: bool = False) -> list[dict[str, Any]]:
@@ -97,18 +101,37 @@ def _group_tables(flat: list[list[int]]) -> tuple[GroupTable, ...]:
 
 
 def clickhouse_history(client: Callable[[], Any], database: str) -> StoreHistory:
-    """A reader for layout_router: snapshots of one engine (its EngineState.key) in
-    [t0, t1], oldest first."""
+    """A reader for layout_router: the newest snapshots of one engine (its
+    EngineState.key) in [t0, t1], oldest first: ``limit`` at most, and no more once their
+    runs pass ``max_runs`` (the answer's budget). Read newest first in pages of
+    ``CELLS_PER_READ`` block entries: a week of a 131,072-block pool's samples is never
+    decoded at once for an answer that keeps a few of them."""
 
-    def read(engine: str, t0: float, t1: float, limit: int) -> list[Snapshot]:
-        result = client().query(
-            f"SELECT {COLUMNS} FROM {database}.layout_snapshots "
-            "WHERE if(server = '', engine, concat(server, '/', engine)) = {engine:String} "
-            "AND ts BETWEEN fromUnixTimestamp64Milli({t0:Int64}, 'UTC') "
-            "AND fromUnixTimestamp64Milli({t1:Int64}, 'UTC') "
-            "ORDER BY ts DESC LIMIT {limit:UInt32}",
-            parameters={"engine": engine, "t0": int(t0 * 1000), "t1": int(t1 * 1000),
-                        "limit": limit})
-        return [snapshot_from_row(r) for r in reversed(result.result_rows)]
+    def read(engine: str, t0: float, t1: float, limit: int, max_runs: int) -> list[Snapshot]:
+        out: list[Snapshot] = []
+        runs, page, before = 0, 1, int(t1 * 1000) + 1
+        t0_ms = int(t0 * 1000)
+        while len(out) < limit and runs <= max_runs:
+            want = min(page, limit - len(out))
+            rows = client().query(
+                f"SELECT {COLUMNS} FROM {database}.layout_snapshots "
+                "WHERE if(server = '', engine, concat(server, '/', engine)) = {engine:String} "
+                "AND ts >= fromUnixTimestamp64Milli({t0:Int64}, 'UTC') "
+                "AND ts < fromUnixTimestamp64Milli({before:Int64}, 'UTC') "
+                "ORDER BY ts DESC LIMIT {page:UInt32}",
+                parameters={"engine": engine, "t0": t0_ms, "before": before,
+                            "page": want}).result_rows
+            for r in rows:
+                snap = snapshot_from_row(r)
+                out.append(snap)
+                runs += snap.runs.shape[0]
+                if runs > max_runs:
+                    break
+            if len(rows) < want:
+                break
+            before = round(out[-1].ts * 1000)
+            page = max(1, CELLS_PER_READ // max(1, out[-1].num_blocks))
+        out.reverse()
+        return out
 
     return read
