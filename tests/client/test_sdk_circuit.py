@@ -13,7 +13,7 @@ import pytest
 
 from kvscope.client import APIStatusError, AsyncKVScopeClient, CircuitOpenError, ClientConfig
 from tests.client.conftest import Harness, MakeHarness
-from tests.client.fakes import FakeClock, RecordedSleep
+from tests.client.fakes import Answer, FakeClock, RecordedSleep
 from tests.client.test_sdk import fill
 
 
@@ -89,18 +89,39 @@ def test_half_open_probe_failure_reopens_for_longer_up_to_the_cap(make: MakeHarn
     assert h.client.state().breaker.state == "open"
 
 
-def test_a_failed_probe_with_retries_left_surfaces_as_circuit_open(make: MakeHarness) -> None:
+def test_a_failed_probe_with_retries_left_surfaces_as_its_own_answer(make: MakeHarness) -> None:
+    """The probe was sent and answered 429, and the reopened circuit refuses the retry:
+    the caller gets the probe's own answer (the refusal as its cause), at once. It got
+    CircuitOpenError, which says the request was not sent, after a retry delay spent for
+    nothing."""
     h = make(max_retries=3)
     three_bad_windows(h)
     with pytest.raises(CircuitOpenError) as first:
         h.complete()
     h.clock.advance(first.value.retry_after_s)
     h.server.push(429)
-    sent = len(h.server.requests)
-    with pytest.raises(CircuitOpenError) as exc:
+    sent, slept = len(h.server.requests), list(h.sleep.calls)
+    with pytest.raises(APIStatusError) as exc:
         h.complete()
-    assert len(h.server.requests) == sent + 1  # the probe only; the retry was refused
-    assert exc.value.retry_after_s == pytest.approx(2.0 - 0.5)  # grown, less the retry delay
+    assert len(h.server.requests) == sent + 1  # the probe only; no retry
+    assert (exc.value.status_code, exc.value.attempts) == (429, 1)
+    cause = exc.value.__cause__
+    assert cause is None or isinstance(cause, CircuitOpenError)
+    assert h.sleep.calls == slept  # no retry delay spent on a circuit that refuses it
+    assert h.client.state().breaker.state == "open"
+
+
+def test_a_probe_that_timed_out_is_not_reported_as_never_sent(make: MakeHarness) -> None:
+    """A probe whose answer did not come in time may still be running in vLLM: the
+    caller gets the timeout, not CircuitOpenError's "request not sent"."""
+    h = make(max_retries=3, retry_read_timeouts=True)
+    three_bad_windows(h)
+    with pytest.raises(CircuitOpenError) as first:
+        h.complete()
+    h.clock.advance(first.value.retry_after_s)
+    h.server.push(Answer(error=httpx.ReadTimeout))
+    with pytest.raises(httpx.ReadTimeout):
+        h.complete()
 
 
 def test_a_cancelled_async_probe_frees_its_slot() -> None:

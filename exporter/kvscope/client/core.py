@@ -22,7 +22,7 @@ from kvscope.client import backpressure as bp
 from kvscope.client.breaker import BreakerSnapshot, CircuitBreaker, Permit, Transition
 from kvscope.client.breaker import WindowVerdict as BreakerWindow
 from kvscope.client.config import ClientConfig
-from kvscope.client.errors import APIStatusError
+from kvscope.client.errors import APIStatusError, CircuitOpenError
 from kvscope.client.preempt_rate import PollSchedule, PreemptRateReading, parse_reading
 from kvscope.client.window import SlidingWindow, WindowRates
 
@@ -84,13 +84,24 @@ class ClientCore:
         """Plan one API call; returns the 2xx response, raises what the caller should see.
 
         A due poll of the sidecar comes first; then the breaker is asked, so an open
-        circuit raises before any backpressure delay or request.
+        circuit raises before any backpressure delay or request. Once a request was sent,
+        a retry the breaker refuses (open when the attempt is recorded: no retry delay is
+        spent on it; half-open with its probes out: the refusal chained as the cause)
+        raises that attempt's own error, its status or the transport error:
+        CircuitOpenError says nothing was sent, and a caller who took it at its word would
+        send again a request that may still be running.
         """
         retry = 0
+        last: Exception | None = None
         while True:
             yield from self._poll()
             with self._lock:
-                permit = self.breaker.acquire()
+                try:
+                    permit = self.breaker.acquire()
+                except CircuitOpenError as refused:
+                    if last is None:
+                        raise
+                    raise last from refused
                 delay = 0.0 if retry else bp.pressure_delay(self._pressure(), self.config,
                                                             self._rng)
             reply = yield from self._send(permit, delay)
@@ -104,12 +115,14 @@ class ClientCore:
                 self.breaker.record(permit, verdict.outcome, self._server_rate())
             if isinstance(reply, httpx.Response) and reply.is_success:
                 return reply
+            last = (APIStatusError(reply.status_code, reply.text, retry + 1,
+                                   verdict.retry_after_s)
+                    if isinstance(reply, httpx.Response) else reply)
             wait = self._retry_wait(verdict, retry)
-            if wait is None:
-                if isinstance(reply, httpx.Response):
-                    raise APIStatusError(reply.status_code, reply.text, retry + 1,
-                                         verdict.retry_after_s)
-                raise reply
+            with self._lock:
+                open_now = self.breaker.snapshot().state == "open"
+            if wait is None or open_now:  # no retry, or one the breaker would refuse
+                raise last
             log.debug("kvscope client: attempt %d was %s; retrying in %.2f s",
                       retry + 1, verdict.outcome, wait)
             yield Sleep(wait, "retry")
