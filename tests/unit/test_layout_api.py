@@ -94,6 +94,11 @@ def test_history_filters_by_time_and_checks_its_input() -> None:
     limited = c.get("/api/layout/history", params={"since": 0, "until": 200, "limit": 1}).json()
     assert limited["truncated"] and [s["ts"] for s in limited["snapshots"]] == [102.0]
     assert c.get("/api/layout/history", params={"since": "yesterday"}).status_code == 422
+    # times a store cannot hold, or an empty range: said so, not a 503 or a silent nothing
+    for bad in ({"since": "1e306"}, {"until": "1e300"}, {"since": "-5"},
+                {"since": 2_000_000_000, "until": 0}):
+        r = c.get("/api/layout/history", params=bad)
+        assert r.status_code == 422, (bad, r.status_code, r.text)
     assert c.get("/api/layout/history", params={"engine": "9"}).status_code == 404
     assert c.get("/api/layout", params={"engine": "9"}).status_code == 404
 

@@ -134,14 +134,22 @@ def engine_layout(st: EngineState, sampler: LayoutSampler, max_runs: int,
     return out
 
 
+LATEST_TIME_S = 253_402_300_799.0
+"""9999-12-31T23:59:59Z: the last time a store's DateTime64 takes and ISO 8601 writes."""
+
+
 def parse_time(value: str | None, default: float, name: str) -> float:
-    """A query parameter's time (epoch seconds or ISO 8601), ``default`` when absent."""
+    """A query parameter's time (epoch seconds or ISO 8601, from 1970 to 9999),
+    ``default`` when absent."""
     if value is None or value == "":
         return default
     try:
-        return epoch_seconds(value)
+        t = epoch_seconds(value)
     except ValueError:
         raise HTTPException(422, f"{name}: not epoch seconds or ISO 8601: {value[:40]!r}") from None
+    if not 0.0 <= t <= LATEST_TIME_S:
+        raise HTTPException(422, f"{name}: outside 1970-01-01 to 9999-12-31: {value[:40]!r}")
+    return t
 
 
 @cache
@@ -216,7 +224,9 @@ def layout_router(hub: Hub, sampler: LayoutSampler,
     ) -> dict[str, Any]:
         now = time.time()
         t1 = parse_time(until, now, "until")
-        t0 = parse_time(since, t1 - 600, "since")
+        t0 = parse_time(since, max(0.0, t1 - 600), "since")
+        if t0 > t1:
+            raise HTTPException(422, "since is after until")
         engine = resolve_engine(hub, engine)
         snaps = sampler.snapshots(engine, t0, t1)
         source = "memory"
