@@ -13,6 +13,7 @@ from functools import cache
 from importlib import resources
 from typing import Annotated, Any
 
+from clickhouse_connect.driver.exceptions import ClickHouseError
 from fastapi import APIRouter, HTTPException, Path
 from fastapi.responses import HTMLResponse
 
@@ -45,6 +46,8 @@ def explain_router(connect: Callable[[], Any] | None) -> APIRouter:
             return answer.explain(client, request_id)
         except answer.UnknownRequest:
             raise HTTPException(404, f"no request {request_id!r} in the store") from None
+        except ClickHouseError as exc:  # the store failed mid-answer (dropped, timed out)
+            raise HTTPException(503, f"store unavailable ({type(exc).__name__})") from None
         finally:
             client.close()
 
