@@ -5,8 +5,11 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit, urlunsplit
 
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/@\s:]*):([^/@\s]*)@")
-_SECRET_PARAM = re.compile(r"(?i)\b(password|access_token|token)=([^&\s]+)")
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/@\s:]*):([^/\s]*)@")
+"""user:password@ up to the authority's last @, as urlsplit reads it: a password may hold
+an @ its owner did not percent-encode (``u:p@ss@host``), and it all goes."""
+_SECRET_PARAM = re.compile(
+    r"(?i)\b(password|passwd|pass|pwd|secret|access_token|token|api_key|apikey)=([^&\s]+)")
 
 
 def safe_url(url: str) -> str:
