@@ -137,9 +137,11 @@ SIDECAR_METRICS: tuple[Declared, ...] = (
              "at its own block size (a Mamba group's state blocks hold no slots: not counted); "
              "the gap to 1 is tail waste."),
     Declared("kvscope_engine_process_cpu_seconds", COUNTER, ENGINE,
-             "CPU time of the engine process."),
+             "CPU time of the engine process (where the sidecar sees that very process: the "
+             "same host and PID namespace)."),
     Declared("kvscope_engine_process_resident_memory_bytes", GAUGE, ENGINE,
-             "Resident memory of the engine process."),
+             "Resident memory of the engine process (as its CPU time: where the sidecar sees "
+             "it)."),
     Declared("kvscope_probe_last_record_age_seconds", GAUGE, ENGINE,
              "Seconds since the last record from this engine's probe."),
     Declared("kvscope_probe_connected", GAUGE, ENGINE,

@@ -10,7 +10,7 @@ from kvscope.sidecar.exposition.metrics import KVScopeCollector
 from kvscope.sidecar.exposition.process import ProcessReader
 from kvscope.sidecar.exposition.vllm_metrics import VllmScraper, parse
 from kvscope.state.hub import Hub
-from kvscope_probe import wire
+from kvscope_probe import identity, wire
 from tests.unit.test_hub import feed, keyframe
 from tests.unit.test_vllm_metrics import TEXT
 from tests.unit.test_wire import hello, step
@@ -70,13 +70,27 @@ def test_the_engine_process_series_stay_while_the_ledger_is_stale() -> None:
     vanished at every gap would break rate() over it. The hello names this very process
     (a real one on this host) as the engine."""
     hub = Hub()
-    feed(hub, [hello(pid=os.getpid()), step(), keyframe()], 0)
+    me = hello(pid=os.getpid(), started=identity.process_start_time(os.getpid()))
+    feed(hub, [me, step(), keyframe()], 0)
     reg = registry_for(hub, processes=ProcessReader())
     assert reg.get_sample_value("kvscope_engine_process_cpu_seconds_total", L) > 0
     feed(hub, [step()], 10)  # a gap: the ledger is stale until the next keyframe
     assert reg.get_sample_value("kvscope_ledger_synced", L) == 0
     assert reg.get_sample_value("kvscope_engine_process_cpu_seconds_total", L) > 0
     assert reg.get_sample_value("kvscope_engine_process_resident_memory_bytes", L) > 0
+
+
+def test_an_engine_pid_of_another_namespace_reads_no_process_figures() -> None:
+    """The engine in another container: its hello's PID is a process here too (here, this
+    one), started at another time. Its CPU and memory would be another process's: none
+    are exported."""
+    hub = Hub()
+    other = hello(pid=os.getpid(), started=identity.process_start_time(os.getpid()) - 3600)
+    feed(hub, [other, step(), keyframe()], 0)
+    reg = registry_for(hub, processes=ProcessReader())
+    assert reg.get_sample_value("kvscope_ledger_synced", L) == 1
+    assert reg.get_sample_value("kvscope_engine_process_cpu_seconds_total", L) is None
+    assert reg.get_sample_value("kvscope_engine_process_resident_memory_bytes", L) is None
 
 
 def test_coarse_mode_and_reconciliation_from_vllm_metrics() -> None:

@@ -188,8 +188,12 @@ class KVScopeCollector:
         )
 
     def _process(self, f: Families, st: EngineState, lv: list[str]) -> None:
-        """The engine process's CPU and memory, whatever the ledger's state."""
-        if self.processes is not None:
+        """The engine process's CPU and memory, whatever the ledger's state; only where
+        the sidecar sees that very process (its PID's start time is the hello's): in
+        another PID namespace (another container) the engine's PID names a process of
+        the sidecar's own, often the sidecar itself."""
+        presence = self.hub.presence.get(st.hello.session)
+        if self.processes is not None and presence is not None and presence.local:
             ps = self.processes.sample(st.hello.pid)
             if ps is not None:
                 f.c("kvscope_engine_process_cpu_seconds").add_metric(lv, ps.cpu_seconds)
