@@ -1,6 +1,6 @@
 """Fleet recording rules: the engine rules summed per model, per vLLM server and fleet-wide.
 
-A fleet dashboard reads these (twelve per model, per server and for the fleet) instead of
+A fleet dashboard reads these (seven per model, per server and for the fleet) instead of
 every engine's; they read three rules of the ``kvscope.rules`` group; the alerts keep
 reading the ``engine:`` series, so a page still names one engine. Each level is named for
 the labels it keeps (``model:``, ``server:``, ``fleet:`` for none), plus ``_reason`` or
