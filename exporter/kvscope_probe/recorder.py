@@ -258,7 +258,7 @@ class Recorder(PoolMirror):
         are the lengths of ``kv_holding_waiting`` and ``waiting`` (vLLM's queues define
         their lengths in Python: read once a step, by ``on_step``). The head vLLM's loop
         takes first: the requests that hold KV blocks while waiting are drained first.
-        None when vLLM skipped that request in this step for a reason other than blocks
+        (0, "") when vLLM skipped that request in this step for a reason other than blocks
         (``deferred_waiting``: a grammar compiling, a KV load, streaming input, stale
         output in flight; vLLM puts it back at the head and admits those behind it)."""
         if held:

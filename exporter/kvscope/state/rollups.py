@@ -83,16 +83,16 @@ class Rollups:
         led = st.ledger
         # admitted: new requests, and preempted ones taken back from the waiting queue
         # (vLLM 0.32 lists those in resumed_req_ids, not among the new ones)
-        blocked = (s.waiting > 0 and not s.new_reqs and not s.resumed and led.synced
-                   and s.head_blocks_needed > admission_free(st.hello, led.free, s.running))
-        if not blocked:
+        blocked = s.waiting > 0 and not s.new_reqs and not s.resumed and led.synced
+        free_for_it = admission_free(st.hello, led.free, s.running) if blocked else 0
+        if not (blocked and s.head_blocks_needed > free_for_it):
             self.blocked_since.pop(st.key, None)
             return
         last = self.blocked_since.get(st.key)
         if last is not None and s.ts - last < BLOCKED_REPEAT_S:
             return
         self.blocked_since[st.key] = s.ts
-        wm = st.hello.watermark_blocks if s.running else 0
+        wm = led.free - free_for_it  # the --watermark reserve held back, 0 without one
         self.decide(st, s.ts, "admission_blocked", s.head_req_id,
                     f"Admission blocked: request {s.head_req_id} at the head of the "
                     f"waiting queue needs at most {s.head_blocks_needed} blocks, "
