@@ -3,6 +3,9 @@
 A hook is vLLM's method plus kvscope's work around it, split in three parts that run
 inside one guard each: ``rec_of`` (find the Recorder, attaching it if need be),
 ``before`` (facts vLLM's call is about to change) and ``after`` (facts it produced).
+A ``before`` that sets Recorder state for the span of vLLM's call has an ``undo``, run
+instead of ``after`` when vLLM's method raises, before its exception goes on unchanged:
+no mark outlives the call it belongs to.
 The wrapper passes ``*args, **kwargs`` to vLLM's method unchanged and returns its result
 unchanged; an exception in any of kvscope's parts is counted (``Recorder.fault``) and
 never re-raised, and vLLM's call still happens exactly once. The one liberty taken:
@@ -41,7 +44,8 @@ class Hook:
 
     def __init__(self, name: str, owner: Any, attr: str, orig: Callable[..., Any], *,
                  rec_of: Part, before: Part | None, after: Part | None,
-                 timed: bool, materialize: tuple[int, str] | None) -> None:
+                 undo: Part | None, timed: bool,
+                 materialize: tuple[int, str] | None) -> None:
         self.name = name
         self.owner = owner
         self.attr = attr
@@ -49,6 +53,9 @@ class Hook:
         self.rec_of = rec_of
         self.before = before
         self.after = after
+        self.undo = undo
+        """``undo(rec, args, kwargs, state)``: when vLLM's method raised, what ``before``
+        set is reset (``state``: what ``before`` returned)."""
         self.timed = timed
         self.materialize = materialize
         self.unguarded_faults = 0
@@ -126,7 +133,8 @@ def _materialize(spec: tuple[int, str], args: tuple[Any, ...],
 
 
 def install(owner: Any, attr: str, *, name: str | None = None, rec_of: Part = rec_of_self,
-            before: Part | None = None, after: Part | None = None, timed: bool = True,
+            before: Part | None = None, after: Part | None = None,
+            undo: Part | None = None, timed: bool = True,
             materialize: tuple[int, str] | None = None,
             registry: dict[str, Hook] | None = None) -> Hook:
     """Replace ``owner.attr`` (vLLM's method, looked up in ``owner.__dict__`` or
@@ -137,8 +145,8 @@ def install(owner: Any, attr: str, *, name: str | None = None, rec_of: Part = re
     name = name or f"{owner.__name__}.{attr}"
     if name in registry and registry[name].owner is not owner:
         name = f"{owner.__module__}.{name}"  # two classes of one name
-    h = Hook(name, owner, attr, orig, rec_of=rec_of,
-             before=before, after=after, timed=timed, materialize=materialize)
+    h = Hook(name, owner, attr, orig, rec_of=rec_of, before=before, after=after,
+             undo=undo, timed=timed, materialize=materialize)
 
     def after_only(*args: Any, **kwargs: Any) -> Any:
         # No before part, nothing to materialise, untimed (get_new_blocks: every
@@ -181,7 +189,15 @@ def install(owner: Any, attr: str, *, name: str | None = None, rec_of: Part = re
             state = _SKIP
             if type(exc) is PartlyRead:
                 args = exc.call_args
-        ret = orig(*args, **kwargs)
+        try:  # no cost unless vLLM raises (3.11's exception tables)
+            ret = orig(*args, **kwargs)
+        except BaseException:
+            if state is not _SKIP and h.undo is not None:
+                try:
+                    h.undo(rec, args, kwargs, state)
+                except Exception as exc:  # noqa: BLE001 - vLLM's error goes on, not ours
+                    fault(h, rec, exc)
+            raise
         if state is not _SKIP:
             try:
                 timed = h.timed

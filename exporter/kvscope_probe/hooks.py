@@ -126,8 +126,14 @@ def _scheduler_hooks(cls: Any, attach: Callable[[Any], Recorder | None],
         t1 = _now_ns()
         rec.on_step(out, t1 - t0, t1)
 
+    def schedule_raised(rec: Recorder, a: Any, k: Any, t0: int) -> None:
+        # What the failed call moved in the pool stays in ``ops``: the next step's
+        # record carries it.
+        rec.in_schedule = False
+
     guard.install(cls, "schedule", name="Scheduler.schedule", rec_of=attaching,
-                  before=before_schedule, after=after_schedule, timed=False)
+                  before=before_schedule, after=after_schedule, undo=schedule_raised,
+                  timed=False)
     guard.install(cls, "_preempt_request", name="Scheduler._preempt_request",
                   before=lambda rec, a, k: rec.on_preempt(guard.arg(a, k, 1, "request")))
     if "ends" not in off and callable(getattr(cls, "_free_request", None)):

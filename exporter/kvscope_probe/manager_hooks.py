@@ -30,6 +30,10 @@ def _null_ctx_off(rec: Any, a: Any, k: Any, ret: Any, outer: Any) -> None:
     rec.null_ctx = outer
 
 
+def _null_ctx_raised(rec: Any, a: Any, k: Any, outer: Any) -> None:
+    rec.null_ctx = outer
+
+
 def _relocated(rec: Any, a: Any, k: Any, ret: Any, st: Any) -> None:
     """Record a block that vLLM moved to the end of a request's table."""
     rec.on_relocate(a[0], guard.arg(a, k, 1, "req_blocks"), guard.arg(a, k, 2, "block_idx"))
@@ -48,7 +52,8 @@ def manager_hooks(base: Any, *, nulling: bool = True, relocating: bool = True) -
         todo += cls.__subclasses__()
         if nulling and callable(cls.__dict__.get("_remove_blocks_in_range")):
             guard.install(cls, "_remove_blocks_in_range", rec_of=_rec_of_manager,
-                          before=_null_ctx_on, after=_null_ctx_off, timed=False)
+                          before=_null_ctx_on, after=_null_ctx_off, undo=_null_ctx_raised,
+                          timed=False)
         if relocating and callable(cls.__dict__.get("_relocate_speculative_block")):
             guard.install(cls, "_relocate_speculative_block", rec_of=_rec_of_manager,
                           after=_relocated)

@@ -200,3 +200,61 @@ def test_attach_failing_from_schedule_and_add_request_is_contained(
     twin = Twin(TwinConfig(num_blocks=48), seed=3)
     result = twin.run(generate(WorkloadSpec(n_requests=5, seed=1)))
     assert result.finished == 5
+
+
+class VLLMFailed(RuntimeError):
+    pass
+
+
+def test_a_schedule_that_raises_leaves_the_recorder_outside_schedule() -> None:
+    """The hook set ``in_schedule`` before vLLM's schedule() and cleared it after; when
+    vLLM's method raised (and the engine survived it), every later preemption was
+    classified as if inside a schedule, against a blocks-needed figure from a step that
+    never finished."""
+    cls = _sched_class()
+
+    def schedule(self: Any) -> str:
+        raise VLLMFailed("vLLM's own error")
+
+    cls.schedule = schedule
+    hooks._scheduler_hooks(cls, lambda sched: None)
+    sched = cls()
+    sched._kvscope = rec = Rec()
+    rec.in_schedule = False
+    with pytest.raises(VLLMFailed):
+        sched.schedule()
+    assert rec.in_schedule is False and rec.faults == 0
+    # An undo that fails itself is counted; vLLM's own error is the one raised.
+    hook = cls.schedule._kvscope_hook
+    hook.undo = lambda *a: 1 / 0
+    with pytest.raises(VLLMFailed):
+        sched.schedule()
+    assert rec.faults == 1
+
+
+def test_a_window_removal_that_raises_does_not_name_later_frees_nulled() -> None:
+    """The hook marked which table ``_remove_blocks_in_range``'s frees null and restored
+    the mark after; when vLLM's method raised, the mark stayed, and every block the
+    engine freed afterwards (a request finishing) was reported nulled in that table."""
+    pool_cls = _pool_class()
+
+    class Manager:
+        kv_cache_group_id = 1
+
+        def __init__(self, pool: Any) -> None:
+            self.block_pool = pool
+
+        def _remove_blocks_in_range(self, request_id: str, first: int, last: int) -> None:
+            self.block_pool.free_blocks(self.block_pool.blocks[first:last])
+            raise VLLMFailed("vLLM's own error")
+
+    manager_hooks(Manager)
+    pool = pool_cls()
+    pool._kvscope = rec = Rec()
+    rec.nulled = []
+    rec.on_free = lambda blocks: rec.nulled.append((rec.null_ctx, len(list(blocks))))
+    with pytest.raises(VLLMFailed):
+        Manager(pool)._remove_blocks_in_range("r", 0, 2)
+    pool.free_blocks(pool.blocks[2:3])  # a request ending, outside any window removal
+    assert rec.nulled == [(("r", 1), 2), (None, 1)]
+    assert rec.null_ctx is None and rec.faults == 0
