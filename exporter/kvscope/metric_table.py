@@ -149,7 +149,8 @@ SIDECAR_METRICS: tuple[Declared, ...] = (
              "engine stays connected)."),
     Declared("kvscope_probe_state", GAUGE, (*ENGINE, "state"),
              "1 for the probe's current state: active (steps), idle (heartbeats only), silent "
-             "(nothing within the health timeout), gone (the engine process exited)."),
+             "(nothing within the health timeout), gone (the engine process exited). While "
+             "silent or gone, the engine's gauges of its pool and queues are absent."),
     Declared("kvscope_probe_heartbeats_received", COUNTER, (), "Heartbeats received from probes."),
     Declared("kvscope_engine_identity_collisions", COUNTER, ("server", "engine"),
              "Probe sessions that claimed the identity of another live engine; kept apart, the "

@@ -106,6 +106,45 @@ def test_heartbeats_keep_an_idle_engine_connected_and_skip_the_sequence() -> Non
     assert hub.heartbeats == 5
 
 
+NOW_GAUGES = ("vllm_scheduler_free_blocks", "vllm_scheduler_total_blocks",
+              "vllm_scheduler_used_blocks", "vllm_scheduler_kv_block_usage_ratio",
+              "vllm_scheduler_running_requests", "vllm_scheduler_waiting_requests",
+              "vllm_scheduler_waiting_head_never_fits",
+              "vllm_scheduler_token_budget_utilization")
+"""Gauges of what an engine's pool and queues hold now."""
+
+
+def test_a_silent_engine_exports_no_figure_of_its_pool_or_queues_until_heard() -> None:
+    """A silent engine's last pool figures stayed exported (and in every fleet sum) until
+    the hub forgot it an hour later: free blocks of a pool nobody hears, or that no longer
+    exists. Its counters and its health stay; the gauges come back when it is heard."""
+    hub = Hub(health_timeout_s=0.3)
+    h = hello(server="s:1")
+    send(hub, h, [h, step(running=2, waiting=1), kf(h)], 0)
+    st = hub.engines["s:1/0"]
+    reg = CollectorRegistry()
+    reg.register(KVScopeCollector(hub))
+    lv = {"server": "s:1", "engine": "0", "model": "tiny"}
+
+    def now_gauges() -> dict[str, float | None]:
+        return {g: reg.get_sample_value(g, lv) for g in NOW_GAUGES}
+
+    heard = now_gauges()
+    assert heard["vllm_scheduler_free_blocks"] == 7
+    assert heard["vllm_scheduler_running_requests"] == 2
+    assert None not in heard.values()
+    time.sleep(0.4)
+    assert hub.state_of(st) == "silent"
+    assert now_gauges() == dict.fromkeys(NOW_GAUGES)
+    assert reg.get_sample_value("vllm_scheduler_steps_total", lv) == 1
+    assert reg.get_sample_value("kvscope_probe_state", {**lv, "state": "silent"}) == 1
+    assert reg.get_sample_value("kvscope_ledger_synced", lv) == 1
+    quiet = wire.Frame(engine="0", session="s1", first_seq=3, dropped=0, faults=0,
+                       records=[wire.Heartbeat(ts=2.0, since_step_s=1.0)])
+    assert hub.accept(wire.encode(quiet))  # heard again, idle: its pool as its last step left it
+    assert hub.state_of(st) == "idle" and now_gauges() == heard
+
+
 def test_a_heartbeat_mixed_with_records_is_refused() -> None:
     hub = Hub()
     h = hello()
@@ -155,6 +194,7 @@ def test_a_dead_engine_process_reads_gone_and_readyz_says_which() -> None:
         lv = {"server": "s:1", "engine": "0", "model": "tiny"}
         assert reg.get_sample_value("kvscope_probe_state", {**lv, "state": "gone"}) == 1
         assert reg.get_sample_value("kvscope_probe_connected", lv) == 0
+        assert reg.get_sample_value("vllm_scheduler_free_blocks", lv) is None  # no pool now
         # the engine restarted: a new session under its identity replaces the gone state
         again = hello(session="s2", server="s:1", pid=child.pid + 1)
         send(hub, again, [again, step(), kf(again)], 0)

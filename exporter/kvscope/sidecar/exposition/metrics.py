@@ -1,8 +1,9 @@
 """Layer 1: the Prometheus view of every engine, built fresh from state at each scrape.
 
-Block-state gauges are exported only while an engine's ledger is in sync: an absent
-series is honest, a stale one is not. Counters come from the probe's records and are
-exported whenever the engine is known. Labels stay bounded: server, engine and model
+Block-state gauges are exported only while an engine's ledger is in sync, and gauges of
+what an engine holds now (pool, queues, head) only while its probe is connected (active or
+idle): an absent series is honest, a stale one is not. Counters come from the probe's
+records and are exported whenever the engine is known. Labels stay bounded: server, engine and model
 (an engine's identity: its vLLM server and vLLM's own ``engine`` label, the DP index).
 Help texts: ``metric_families``; vLLM's /metrics and the GPUs: ``metrics_outside``.
 """
@@ -138,6 +139,14 @@ class KVScopeCollector:
         ends = f.c("vllm_scheduler_requests_ended", EL + ["status"])
         for status, n in c.ends.items():
             ends.add_metric(lv + [status], n)
+        state = self.hub.state_of(st)
+        self._health(f, st, lv, state)
+        self._process(f, st, lv)
+        f.g("kvscope_ledger_synced").add_metric(lv, int(st.ledger.synced))
+        if state not in CONNECTED:
+            # Silent or gone: what its last step left describes a pool and queues nobody
+            # hears now (or that no longer exist); absent, not kept in every fleet sum.
+            return
         util = st.budget_utilization()
         if util is not None:
             f.g("vllm_scheduler_token_budget_utilization").add_metric(lv, util)
@@ -150,12 +159,9 @@ class KVScopeCollector:
             f.g("vllm_scheduler_waiting_head_never_fits").add_metric(
                 lv, int(fit is not None and fit.never_fits))
         self._ledger(f, st, lv)
-        self._process(f, st, lv)
-        self._health(f, st, lv)
 
     def _ledger(self, f: Families, st: EngineState, lv: list[str]) -> None:
         led = st.ledger
-        f.g("kvscope_ledger_synced").add_metric(lv, int(led.synced))
         if not led.synced:
             return
         f.g("vllm_scheduler_total_blocks").add_metric(lv, led.usable_blocks)
@@ -199,10 +205,9 @@ class KVScopeCollector:
                 f.c("kvscope_engine_process_cpu_seconds").add_metric(lv, ps.cpu_seconds)
                 f.g("kvscope_engine_process_resident_memory_bytes").add_metric(lv, ps.rss_bytes)
 
-    def _health(self, f: Families, st: EngineState, lv: list[str]) -> None:
+    def _health(self, f: Families, st: EngineState, lv: list[str], state: str) -> None:
         age = time.monotonic() - st.last_record_monotonic
         f.g("kvscope_probe_last_record_age_seconds").add_metric(lv, age)
-        state = self.hub.state_of(st)
         f.g("kvscope_probe_connected").add_metric(lv, int(state in CONNECTED))
         states = f.g("kvscope_probe_state", EL + ["state"])
         for name in STATES:
