@@ -289,6 +289,9 @@ class EngineConfig:
     spec_tokens: int
     server: str = ""
     """The engine's vLLM server (kvscope_probe.identity); "" outside an API server."""
+    watermark_blocks: int = 0
+    """Blocks ``--watermark`` keeps from waiting and preempted requests while any request
+    runs (vLLM's ``KVCacheManager.watermark_blocks``); 0: none, or a probe before it."""
 
 
 TABLES: dict[str, type] = {

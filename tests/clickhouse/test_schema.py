@@ -84,3 +84,23 @@ def test_bad_options_are_all_reported() -> None:
 def test_statement_splitter_keeps_quoted_semicolons() -> None:
     sql = "-- a; comment\nSELECT 'a;b' ; SELECT \"x;\" -- tail;\n;"
     assert schema.split_statements(sql) == ["SELECT 'a;b'", 'SELECT "x;"']
+
+
+def test_an_engine_configs_table_from_before_the_watermark_gets_it(
+        store: Any, database: str) -> None:
+    """A store created before kvscope recorded ``--watermark``: applying the schema adds
+    the column after the others, and its older rows read 0 (none held back)."""
+    old = [s for s in schema.render_schema(database, 7) if ".engine_configs\n" in s
+           and s.startswith("CREATE TABLE")]
+    assert len(old) == 1
+    store.command(old[0].replace(",\n    watermark_blocks       Int64\n", "\n"))
+    store.command(f"INSERT INTO {database}.engine_configs (ts, model, engine, session) "
+                  "VALUES (now64(3), 'm', '0', 's')")
+    schema.apply_schema(store, database)
+    cols = store.query(
+        "SELECT name FROM system.columns WHERE database = {db:String} AND "
+        "table = 'engine_configs' ORDER BY position", parameters={"db": database}
+    ).result_rows
+    assert [c[0] for c in cols] == columns("engine_configs")
+    assert store.query(f"SELECT watermark_blocks FROM {database}.engine_configs"
+                       ).result_rows == [(0,)]

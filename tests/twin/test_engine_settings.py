@@ -20,7 +20,8 @@ GROUP_SPEC = {group: spec for spec, group in GROUP_OF_SPEC.items()}
 
 CONFIGS = [  # every layout, and each other value at least once
     TwinConfig(layout="full", num_blocks=300, block_size=16, max_num_seqs=24,
-               max_num_batched_tokens=384, max_model_len=2048, async_scheduling=True),
+               max_num_batched_tokens=384, max_model_len=2048, async_scheduling=True,
+               watermark=0.05),
     TwinConfig(layout="full+sliding", num_blocks=200, sliding_window=64, policy="priority",
                num_speculative_tokens=2),
     TwinConfig(layout="sliding", num_blocks=120, sliding_window=256,
@@ -54,3 +55,20 @@ def test_a_twin_is_rebuilt_from_its_hello(cfg: TwinConfig) -> None:
     if cfg.layout not in ("full+sliding", "sliding"):  # no sliding group: no window to read
         rebuilt = replace(rebuilt, sliding_window=cfg.sliding_window)
     assert rebuilt == cfg
+
+
+@pytest.mark.parametrize(("watermark", "blocks"), [(0.37, 251), (0.01, 1000), (0.999, 97)])
+def test_a_replay_keeps_the_watermark_vllm_held_back(watermark: float, blocks: int) -> None:
+    """The replay ignored ``--watermark``: vLLM refused a waiting request unless its blocks
+    and the watermark's were free, the replay admitted it. The hello carries vLLM's own
+    ``watermark_blocks``; the rebuilt twin's KV cache manager holds back exactly as many."""
+    from kvscope.twin.probed import ProbedTwin
+
+    pt = ProbedTwin(TwinConfig(num_blocks=blocks, watermark=watermark))
+    pt.drain()
+    held = pt.twin.scheduler.kv_cache_manager.watermark_blocks
+    assert held == int(watermark * blocks) > 0
+    row = asdict(engine_config(pt.state))
+    assert row["watermark_blocks"] == held
+    again = ProbedTwin(from_config(row).config())
+    assert again.twin.scheduler.kv_cache_manager.watermark_blocks == held

@@ -197,3 +197,16 @@ def test_kv_memory_sizes_the_pool_like_vllm() -> None:
     assert [(s.name, s.config.num_blocks, s.config.max_num_seqs, s.capacity) for s in named] \
         == [("x", 32, 8, "kv_tokens:2048"), ("y", 40, 8, "blocks:40")]
     assert named[1].config == TwinConfig(num_blocks=40, max_num_seqs=8)
+
+
+def test_the_watermark_is_an_axis_in_vllm_s_range() -> None:
+    errors: list[str] = []
+    settings = build({"watermark": ["0", "0.25", "1", "-0.1", "x"]}, [], max_model_len=1024,
+                     bytes_per_token=1, errors=errors)
+    assert errors == [f"--watermark: must be a fraction of the pool in [0, 1), got {v!r}"
+                      for v in ("1", "-0.1", "x")]
+    assert [(s.name, s.config.watermark) for s in settings] == [
+        ("watermark:0", 0.0), ("watermark:0.25", 0.25)]
+    named = build({}, ["w=blocks:40,watermark:0.1"], max_model_len=1024, bytes_per_token=1,
+                  errors=errors)
+    assert named[0].config == TwinConfig(num_blocks=40, watermark=0.1)

@@ -346,4 +346,4 @@ def engine_config(st: EngineState, ts: float | None = None) -> EngineConfig:
         token_budget=h.token_budget, max_num_batched_tokens=h.max_num_batched_tokens,
         max_num_seqs=h.max_num_seqs, max_model_len=h.max_model_len, policy=h.policy,
         prefix_caching=h.prefix_caching, async_scheduling=h.async_scheduling,
-        spec_tokens=h.spec_tokens)
+        spec_tokens=h.spec_tokens, watermark_blocks=h.watermark_blocks)

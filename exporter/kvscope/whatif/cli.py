@@ -54,6 +54,8 @@ _AXIS_HELP = {
     "sliding_window": "tokens a sliding-window layer attends to (default 128)",
     "async_scheduling": "on: vLLM's AsyncScheduler, one step in flight (default off)",
     "spec_tokens": "draft tokens per step of a draft-model speculator (default 0)",
+    "watermark": "vLLM's --watermark: the pool's fraction kept free from waiting and "
+                 "preempted requests while any runs (default 0)",
 }
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``whatif`` to a ``kvscope`` subparsers object."""

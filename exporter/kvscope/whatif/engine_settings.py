@@ -3,20 +3,21 @@
 window under, with nothing typed by hand.
 
 The pool (blocks, block size), the scheduler's limits (max_num_seqs, the token budget,
-max_model_len, policy, prefix caching), its kind (``AsyncScheduler`` or not) and the
-speculative tokens come across as they are, and so do the KV cache groups, group for group:
-the twin builds one stand-in layer per group (``TwinConfig.groups``) where the engine's
-groups are not a layout's own stand-in's, and vLLM's planner groups those layers back into
-exactly the engine's groups (it makes the least numerous kind of layer one group, so a
-layer per group is a group per layer: a Gemma 3 12B's five sliding-window groups and one full
-group stay six tables a request). What the twin cannot build is refused with the reason,
-never matched to the nearest: a kind of group it has no stand-in for (MLA, chunked local
-attention, ...), groups of several block sizes or sliding windows, or a grouping vLLM's
-planner does not make.
+max_model_len, policy, prefix caching), its kind (``AsyncScheduler`` or not), the
+speculative tokens and the blocks ``--watermark`` holds back come across as they are, and
+so do the KV cache groups, group for group: the twin builds one stand-in layer per group
+(``TwinConfig.groups``) where the engine's groups are not a layout's own stand-in's, and
+vLLM's planner groups those layers back into exactly the engine's groups (it makes the
+least numerous kind of layer one group, so a layer per group is a group per layer: a
+Gemma 3 12B's five sliding-window groups and one full group stay six tables a request).
+What the twin cannot build is refused with the reason, never matched to the nearest: a
+kind of group it has no stand-in for (MLA, chunked local attention, ...), groups of
+several block sizes or sliding windows, or a grouping vLLM's planner does not make.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -84,6 +85,16 @@ def layout_of(kinds: list[str]) -> tuple[str, tuple[str, ...]]:
     return layout, short
 
 
+def watermark_fraction(held: int, num_blocks: int) -> float:
+    """The least ``--watermark`` with which vLLM holds back ``held`` of ``num_blocks``
+    blocks (``KVCacheManager``: ``int(watermark * num_blocks)``): the engine's own
+    fraction is not in its hello, only the blocks it comes to."""
+    w = held / num_blocks
+    while int(w * num_blocks) < held:  # the division rounded down
+        w = math.nextafter(w, 1.0)
+    return w
+
+
 def from_config(row: Mapping[str, Any]) -> EngineSettings:
     """Settings from one ``engine_configs`` row (or a dict of its columns)."""
     layout, groups = layout_of(list(row["kv_group_kinds"]))
@@ -111,6 +122,9 @@ def from_config(row: Mapping[str, Any]) -> EngineSettings:
         pairs.append(("sliding_window", windows.pop()))
     pairs += [("async_scheduling", on[bool(row["async_scheduling"])]),
               ("spec_tokens", row["spec_tokens"])]
+    held = int(row.get("watermark_blocks", 0))
+    if held > 0:
+        pairs.append(("watermark", repr(watermark_fraction(held, int(row["num_blocks"])))))
     return EngineSettings(",".join(f"{k}:{v}" for k, v in pairs), max_model_len,
                           {"max_position_embeddings": max(max_model_len,
                                                           MAX_POSITION_EMBEDDINGS)})

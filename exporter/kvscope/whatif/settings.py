@@ -22,7 +22,7 @@ from kvscope.twin.config import GROUP_KINDS, LAYOUTS, POLICIES, TwinConfig
 
 CAPACITY_KEYS = ("blocks", "kv_tokens", "kv_bytes")
 KEYS = ("block_size", *CAPACITY_KEYS, "max_seqs", "budget", "policy", "prefix_caching",
-        "layout", "groups", "sliding_window", "async_scheduling", "spec_tokens")
+        "layout", "groups", "sliding_window", "async_scheduling", "spec_tokens", "watermark")
 MAX_SETTINGS = 32
 _BOOLS = {"on": True, "true": True, "yes": True, "1": True,
           "off": False, "false": False, "no": False, "0": False}
@@ -96,6 +96,17 @@ def _count(text: str) -> int:
     return value
 
 
+def _fraction(text: str) -> float:
+    """``--watermark``'s range as vLLM's ``SchedulerConfig`` takes it: [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"must be a fraction of the pool in [0, 1), got {text!r}")
+    return value
+
+
 def _bool(text: str) -> bool:
     if text.lower() not in _BOOLS:
         raise ValueError(f"must be on or off, got {text!r}")
@@ -107,6 +118,7 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "kv_bytes": parse_bytes, "max_seqs": _positive, "budget": _positive,
     "policy": _policy, "prefix_caching": _bool, "layout": _layout, "groups": parse_groups,
     "sliding_window": _positive, "async_scheduling": _bool, "spec_tokens": _count,
+    "watermark": _fraction,
 }
 
 
@@ -136,7 +148,8 @@ def _config(raw: dict[str, str], base: TwinConfig, bytes_per_token: int,
                   groups=values["groups"],
                   sliding_window=values["sliding_window"],
                   async_scheduling=values["async_scheduling"],
-                  num_speculative_tokens=values["spec_tokens"])
+                  num_speculative_tokens=values["spec_tokens"],
+                  watermark=values["watermark"])
     (key, amount), = ((k, values[k]) for k in CAPACITY_KEYS if k in values)
     if key == "kv_bytes" and cfg.layout != "full":
         errors.append(f"{where}: kv_bytes sizes a full-attention pool; give blocks or "
@@ -199,7 +212,8 @@ def build(axes: dict[str, list[str]], named: list[str], *, max_model_len: int,
                 "layout": base.layout, "groups": format_groups(base.groups),
                 "sliding_window": str(base.sliding_window),
                 "async_scheduling": "on" if base.async_scheduling else "off",
-                "spec_tokens": str(base.num_speculative_tokens)}
+                "spec_tokens": str(base.num_speculative_tokens),
+                "watermark": str(base.watermark)}
     given = [k for k in CAPACITY_KEYS if axes.get(k)]
     if len(given) > 1:
         errors.append("give one of --blocks, --kv-tokens, --kv-bytes; got "

@@ -3,7 +3,7 @@
 -- `attached` is its first): the pool (blocks with the null block, block size), its KV cache
 -- groups (kind, block size, sliding window), the scheduler's limits (max_num_seqs, token
 -- budget, max_model_len), policy, prefix caching, AsyncScheduler or not, speculative
--- tokens, vLLM's version. `kvscope explain ID --counterfactual engine` replays a request's
+-- tokens, the blocks `--watermark` holds back (0: none), vLLM's version. `kvscope explain ID --counterfactual engine` replays a request's
 -- window under the row its engine had then, with nothing typed by hand.
 -- @param model = ''   one model ('' = all)
 -- @param engine = ''  one engine ('' = all)
@@ -31,7 +31,8 @@ FROM
         policy,
         prefix_caching,
         async_scheduling,
-        spec_tokens
+        spec_tokens,
+        watermark_blocks
     FROM engine_configs
     WHERE ({model:String} = '' OR model = {model:String})
       AND ({engine:String} = '' OR engine = {engine:String})

@@ -26,7 +26,8 @@ CREATE TABLE IF NOT EXISTS {database}.engine_configs
     prefix_caching         Bool,
     async_scheduling       Bool,
     spec_tokens            Int32,
-    server                 LowCardinality(String)
+    server                 LowCardinality(String),
+    watermark_blocks       Int64
 )
 ENGINE = MergeTree
 PARTITION BY toDate(ts)
