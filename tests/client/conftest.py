@@ -19,7 +19,8 @@ EXACT = {"jitter_ratio": 0.0}
 class Harness:
     """A client of either kind wired to a fake clock, a recorded sleep and a fake server."""
 
-    def __init__(self, kind: str, config: ClientConfig, **client_kw: Any) -> None:
+    def __init__(self, kind: str, config: ClientConfig, http_timeout: float = 600.0,
+                 **client_kw: Any) -> None:
         self.kind = kind
         self.clock = FakeClock()
         self.sleep = RecordedSleep(self.clock)
@@ -27,12 +28,14 @@ class Harness:
         kw: dict[str, Any] = {"client_id": "team-a", "config": config, "clock": self.clock,
                               **client_kw}
         if kind == "sync":
-            self.client: Any = KVScopeClient(http=httpx.Client(transport=self.server.transport()),
-                                             sleep=self.sleep, **kw)
+            self.client: Any = KVScopeClient(
+                http=httpx.Client(transport=self.server.transport(), timeout=http_timeout),
+                sleep=self.sleep, **kw)
         else:
             self.loop = asyncio.new_event_loop()
             self.client = AsyncKVScopeClient(
-                http=httpx.AsyncClient(transport=self.server.transport()),
+                http=httpx.AsyncClient(transport=self.server.transport(),
+                                       timeout=http_timeout),
                 sleep=self.sleep.async_sleep, **kw)
 
     def run(self, result: Any) -> Any:

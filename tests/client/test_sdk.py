@@ -11,7 +11,8 @@ import threading
 import httpx
 import pytest
 
-from kvscope.client import APIStatusError, KVScopeClient, __all__
+from kvscope.client import APIStatusError, ClientConfig, KVScopeClient, __all__
+from kvscope.errors import ConfigError
 from tests.client.conftest import MakeHarness
 from tests.client.fakes import Answer, FakeOpenAIServer
 
@@ -195,3 +196,32 @@ def test_sync_client_is_thread_safe() -> None:
         t.join()
     assert client.state().window.counts["ok"] == 400 and len(server.requests) == 400
     client._http.close()
+
+
+def test_a_call_deadline_bounds_its_retries_and_each_attempt(make: MakeHarness) -> None:
+    """Retries, their delays and each attempt's timeout added up with no bound: four
+    retries of a server that times out at 600 s were 40 minutes of one call. With
+    ``call_deadline_s`` no retry starts whose delay ends past it, and each attempt's
+    timeouts are what is left of it (never longer than the client's own)."""
+    h = make(call_deadline_s=3.0, max_retries=5, retry_base_delay_s=0.5)
+    h.server.push(503, 503, 503, 503, 503, 503)
+    with pytest.raises(APIStatusError) as exc:
+        h.complete()
+    assert exc.value.attempts == 3 and h.sleep.calls == [0.5, 1.0]  # then 2.0: past 3 s
+    timeouts = [r.extensions["timeout"] for r in h.server.requests]
+    assert timeouts == [dict.fromkeys(("connect", "read", "write", "pool"), left)
+                        for left in (3.0, 2.5, 1.5)]
+    short = make(call_deadline_s=30.0, client_kw={"http_timeout": 2.0})
+    short.complete()
+    assert short.server.requests[0].extensions["timeout"]["read"] == 2.0
+
+
+def test_without_a_call_deadline_attempts_keep_the_client_s_timeout(make: MakeHarness) -> None:
+    h = make()
+    h.complete()
+    assert h.server.requests[0].extensions["timeout"]["read"] == 600.0
+
+
+def test_a_call_deadline_leaves_room_for_the_longest_pressure_delay() -> None:
+    with pytest.raises(ConfigError, match="call_deadline_s must exceed backoff_max_delay_s"):
+        ClientConfig(call_deadline_s=2.0, backoff_max_delay_s=2.0)

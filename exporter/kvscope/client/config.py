@@ -67,6 +67,12 @@ class ClientConfig:
     ``preempt_rate_poll_s``, before the call that finds it due."""
     request_timeout_s: float = 600.0
     """Timeout of the HTTP client the SDK creates (a client passed in keeps its own)."""
+    call_deadline_s: float | None = None
+    """Bound on one call, from its start: no retry starts whose delay would end past it,
+    and each attempt's timeouts (connect, write, pool, and the read of an answer, which a
+    completion sends whole) are at most what is left of it. None: each attempt has the
+    HTTP client's timeout and retries are bounded only by ``max_retries``. Must exceed
+    ``backoff_max_delay_s``, so the first attempt always has time left."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -76,6 +82,8 @@ class ClientConfig:
         errors: list[str] = []
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name in _OPTIONAL and value is None:
+                continue
             kind = "bool" if f.type == "bool" else "int" if f.type == "int" else "float"
             if kind == "bool":
                 ok = isinstance(value, bool)
@@ -89,11 +97,13 @@ class ClientConfig:
             raise ConfigError(errors)
         for f in fields(self):
             value = getattr(self, f.name)
+            if value is None:
+                continue
             if f.name in _UNIT_INTERVAL and not 0 <= value <= 1:
                 errors.append(f"{f.name} must lie in [0, 1] (got {value!r})")
             elif f.name in _AT_LEAST and value < _AT_LEAST[f.name]:
                 errors.append(f"{f.name} must be at least {_AT_LEAST[f.name]} (got {value!r})")
-            elif f.type == "float" and f.name not in _UNIT_INTERVAL | _AT_LEAST.keys() \
+            elif f.type.startswith("float") and f.name not in _UNIT_INTERVAL | _AT_LEAST.keys() \
                     and value <= 0:
                 errors.append(f"{f.name} must be positive (got {value!r})")
         for low, high in (("backoff_base_delay_s", "backoff_max_delay_s"),
@@ -102,10 +112,16 @@ class ClientConfig:
                           ("backoff_threshold", "open_threshold")):
             if getattr(self, high) < getattr(self, low):
                 errors.append(f"{high} must be at least {low}")
+        if self.call_deadline_s is not None and \
+                self.call_deadline_s <= self.backoff_max_delay_s:
+            errors.append("call_deadline_s must exceed backoff_max_delay_s (the longest "
+                          "delay before a first attempt)")
         if errors:
             raise ConfigError(errors)
 
 
+_OPTIONAL = frozenset({"call_deadline_s"})
+"""Fields that may be None (no bound)."""
 _UNIT_INTERVAL = frozenset({"backoff_threshold", "open_threshold", "jitter_ratio"})
 _AT_LEAST: dict[str, float] = {
     "min_samples": 1, "max_retries": 0, "open_after_windows": 1, "half_open_probes": 1,

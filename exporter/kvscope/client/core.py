@@ -44,6 +44,10 @@ class Sleep:
 class Send:
     """Send the request; reply with the httpx.Response or the httpx.TransportError."""
 
+    time_left: float | None = None
+    """What is left of the call's deadline: the most each of the attempt's timeouts may
+    be (None: no deadline)."""
+
 
 Action = Poll | Sleep | Send
 
@@ -93,6 +97,8 @@ class ClientCore:
         """
         retry = 0
         last: Exception | None = None
+        deadline = self.config.call_deadline_s
+        ends = None if deadline is None else self._clock() + deadline
         while True:
             yield from self._poll()
             with self._lock:
@@ -104,7 +110,7 @@ class ClientCore:
                     raise last from refused
                 delay = 0.0 if retry else bp.pressure_delay(self._pressure(), self.config,
                                                             self._rng)
-            reply = yield from self._send(permit, delay)
+            reply = yield from self._send(permit, delay, ends)
             if isinstance(reply, httpx.Response):
                 verdict = bp.classify_response(reply.status_code, reply.headers,
                                                self._wall_clock(), self.config)
@@ -119,6 +125,8 @@ class ClientCore:
                                    verdict.retry_after_s)
                     if isinstance(reply, httpx.Response) else reply)
             wait = self._retry_wait(verdict, retry)
+            if wait is not None and ends is not None and self._clock() + wait >= ends:
+                wait = None  # the retry would start past the call's deadline
             with self._lock:
                 open_now = self.breaker.snapshot().state == "open"
             if wait is None or open_now:  # no retry, or one the breaker would refuse
@@ -130,12 +138,13 @@ class ClientCore:
             with self._lock:
                 self.retries_total += 1
 
-    def _send(self, permit: Permit, delay: float) -> Generator[Action, Any, Any]:
+    def _send(self, permit: Permit, delay: float,
+              ends: float | None) -> Generator[Action, Any, Any]:
         settled = False
         try:
             if delay > 0:
                 yield Sleep(delay, "pressure")
-            reply = yield Send()
+            reply = yield Send(None if ends is None else max(ends - self._clock(), 0.0))
             settled = True
             return reply
         finally:

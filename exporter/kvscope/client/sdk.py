@@ -28,6 +28,19 @@ log = logging.getLogger("kvscope.client")
 USER_AGENT = f"kvscope-client/{__version__}"
 
 
+def capped(timeout: httpx.Timeout, left: float | None) -> httpx.Timeout:
+    """The client's ``timeout`` with each phase at most ``left`` seconds (a phase without
+    a limit gets ``left``); as it is without a deadline."""
+    if left is None:
+        return timeout
+
+    def phase(limit: float | None) -> float:
+        return left if limit is None else min(limit, left)
+
+    return httpx.Timeout(connect=phase(timeout.connect), read=phase(timeout.read),
+                         write=phase(timeout.write), pool=phase(timeout.pool))
+
+
 class _Base:
     """What the two clients share: validation, URLs, headers, the core."""
 
@@ -145,8 +158,10 @@ class KVScopeClient(_Base):
             except httpx.HTTPError as exc:
                 log.debug("kvscope client: sidecar poll failed: %r", exc)
                 return None
+        assert isinstance(action, Send)
         try:
-            return self._http.post(self.base_url + path, json=body, headers=self._headers)
+            return self._http.post(self.base_url + path, json=body, headers=self._headers,
+                                   timeout=capped(self._http.timeout, action.time_left))
         except httpx.TransportError as exc:
             return exc
 
@@ -219,8 +234,9 @@ class AsyncKVScopeClient(_Base):
                 return None
         assert isinstance(action, Send)
         try:
-            return await self._http.post(self.base_url + path, json=body,
-                                         headers=self._headers)
+            return await self._http.post(
+                self.base_url + path, json=body, headers=self._headers,
+                timeout=capped(self._http.timeout, action.time_left))
         except httpx.TransportError as exc:
             return exc
 
