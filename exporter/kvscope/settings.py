@@ -104,7 +104,8 @@ SETTINGS: tuple[Setting, ...] = (
             "the sidecar's own CPU, about the same whatever their rows, and its readers go "
             "through the sidecar, which delivers first; `0`: each batch at once"),
     Setting("data_dir", "KVSCOPE_DATA_DIR", "--data-dir", str, default_data_dir,
-            "`~/.local/share/kvscope`", "embedded store and the on-disk spool"),
+            "`$XDG_DATA_HOME/kvscope`, else `~/.local/share/kvscope`",
+            "embedded store and the on-disk spool"),
     Setting("layout_interval_s", "KVSCOPE_LAYOUT_INTERVAL_S", "--layout-interval", float,
             1.0, "`1`", "seconds between layout samples per engine"),
     Setting("layout_store_interval_s", "KVSCOPE_LAYOUT_STORE_INTERVAL_S",

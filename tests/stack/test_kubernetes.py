@@ -202,7 +202,9 @@ def test_secrets_spool_and_security_context(rendered: dict[str, list[Obj]]) -> N
         key_volume = volumes[mounts(side)[key_dir]["name"]]["secret"]
         assert key_volume["secretName"] == "kvscope" and "optional" not in key_volume
         assert key_volume["items"] == [{"key": "hash-key", "path": key_file}]
-        assert key_volume["defaultMode"] == 0o440 and spec["securityContext"]["fsGroup"] == 10001
+        # 0444, not 0440 with the pod's fsGroup: a Deployment the component is added to may
+        # have no fsGroup (the file is then root:root) or another one.
+        assert key_volume["defaultMode"] == 0o444
         assert not any(m["name"] == mounts(side)[key_dir]["name"]
                        for c in containers(spec).values() if c is not side
                        for m in c.get("volumeMounts", ())), "the hash key is the sidecar's alone"
