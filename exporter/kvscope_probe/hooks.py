@@ -8,7 +8,7 @@ re-raises. A class attribute
 
 Observed:
 - ``Scheduler.__init__`` (attach at once), ``schedule`` (per-step record), ``shutdown``
-  (the sender flushes and ends: vLLM's ``EngineCore.shutdown`` calls it),
+  (the sender flushes and ends before vLLM's method runs: ``EngineCore.shutdown`` calls it),
   ``_preempt_request`` (facts before the
   blocks are freed), ``add_request`` (arrival), ``_free_request`` (finish / abort);
 - ``BlockPool.get_new_blocks``, ``touch``, ``free_blocks``, ``unpin_blocks``: the only
@@ -140,9 +140,10 @@ def _scheduler_hooks(cls: Any, attach: Callable[[Any], Recorder | None],
         guard.install(cls, "_free_request", name="Scheduler._free_request",
                       before=lambda rec, a, k: rec.on_end(guard.arg(a, k, 1, "request")))
     if "shutdown" not in off and callable(getattr(cls, "shutdown", None)):
-        # vLLM's EngineCore.shutdown() calls it: the sender flushes and ends with it
+        # vLLM's EngineCore.shutdown() calls it: the sender flushes and ends as it begins,
+        # so a shutdown of vLLM's that raises (a KV connector's) leaves no sender behind.
         guard.install(cls, "shutdown", name="Scheduler.shutdown",
-                      after=lambda rec, a, k, ret, st: rec.close(), timed=False)
+                      before=lambda rec, a, k: rec.close(), timed=False)
     if "arrivals" not in off and callable(getattr(cls, "add_request", None)):
         def known(rec: Recorder, a: Any, k: Any) -> bool:
             return guard.arg(a, k, 1, "request").request_id in a[0].requests

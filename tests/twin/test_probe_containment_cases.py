@@ -258,3 +258,24 @@ def test_a_window_removal_that_raises_does_not_name_later_frees_nulled() -> None
     pool.free_blocks(pool.blocks[2:3])  # a request ending, outside any window removal
     assert rec.nulled == [(("r", 1), 2), (None, 1)]
     assert rec.null_ctx is None and rec.faults == 0
+
+
+def test_a_shutdown_that_raises_still_ends_the_sender() -> None:
+    """vLLM's Scheduler.shutdown ends the sender through the hook's after part; when
+    vLLM's method raised (a KV connector's or event publisher's shutdown failing), the
+    Recorder kept recording and its sender sent heartbeats for a dead scheduler forever
+    (the sidecar read the engine idle, not gone). It ends as vLLM's shutdown begins."""
+    cls = _sched_class()
+
+    def shutdown(self: Any) -> None:
+        raise VLLMFailed("the connector's shutdown failed")
+
+    cls.shutdown = shutdown
+    hooks._scheduler_hooks(cls, lambda sched: None)
+    sched = cls()
+    closed: list[bool] = []
+    sched._kvscope = rec = Rec()
+    rec.close = lambda: closed.append(True)
+    with pytest.raises(VLLMFailed):
+        sched.shutdown()
+    assert closed == [True] and rec.faults == 0
