@@ -238,9 +238,22 @@ _exit_hooked = False
 
 
 def _exit_flush_once() -> None:
+    """Flush at exit where threads may still start and where a forked child ends too:
+    ``threading._shutdown()`` runs the threading module's exit callbacks before it joins
+    the threads, at interpreter exit and at the end of a forked multiprocessing child
+    (vLLM's engine core), which exits with ``os._exit`` and runs no atexit handler; and
+    Python 3.12 refuses a thread started in an atexit handler (ending the context starts
+    one). ``atexit`` only where that hook is missing (the way concurrent.futures ends its
+    workers)."""
     global _exit_hooked
     if not _exit_hooked:
         _exit_hooked = True
-        import atexit
+        import threading
 
-        atexit.register(stop_all, EXIT_FLUSH_S)
+        hook = getattr(threading, "_register_atexit", None)
+        if callable(hook):
+            hook(stop_all, EXIT_FLUSH_S)
+        else:
+            import atexit
+
+            atexit.register(stop_all, EXIT_FLUSH_S)

@@ -152,10 +152,28 @@ print(twin.scheduler._kvscope.seq, flush=True)
 """
 
 
-def test_interpreter_exit_flushes_what_the_ring_holds(tmp_path: Any) -> None:
+EXITING_FORKED = """
+import multiprocessing, sys
+def engine():
+""" + "".join(f"    {line}\n" for line in EXITING.strip().splitlines()) + """
+if __name__ == "__main__":
+    p = multiprocessing.get_context("fork").Process(target=engine)
+    p.start()
+    p.join()
+    sys.exit(p.exitcode)
+"""
+"""EXITING in a forked multiprocessing child, as vLLM starts its engine core: such a
+child ends with ``os._exit`` after ``threading._shutdown()``; atexit handlers never run."""
+
+
+@pytest.mark.parametrize("script", [EXITING, EXITING_FORKED], ids=["exit", "forked-child"])
+def test_interpreter_exit_flushes_what_the_ring_holds(tmp_path: Any, script: str) -> None:
     """A process that exits without stopping the probe (as vLLM's engine core may): the
     sender's wakeup is 1 s apart, so most records are still in the ring at exit; the
-    exit hook sends every one of them (each sequence number arrives exactly once)."""
+    exit hook sends every one of them (each sequence number arrives exactly once). It
+    runs where threads may still start (Python 3.12 refuses a new thread in an atexit
+    handler, and ending the probe's context starts one), and in a forked child, whose
+    exit runs no atexit handler."""
     import os
     import subprocess
     import sys
@@ -169,7 +187,7 @@ def test_interpreter_exit_flushes_what_the_ring_holds(tmp_path: Any) -> None:
     pull.bind(endpoint)
     env = {**os.environ, plugin.ENV_ENDPOINT: endpoint, "KVSCOPE_PROBE_FLUSH_S": "1.0"}
     try:
-        out = subprocess.run([sys.executable, "-c", EXITING], env=env, capture_output=True,
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                              text=True, timeout=120, check=True)
         recorded = int(out.stdout.split()[-1])
         seqs: list[int] = []
