@@ -242,3 +242,27 @@ def test_forced_keyframes_take_at_most_their_share_of_the_engine_thread(
     clock["step"] = 100_000  # a cheap one (0.1 ms): the 0.2 s floor holds
     rec.keyframe(t)
     assert rec.next_forced_ns - t == int(recorder.FORCED_KEYFRAME_GAP_S * 1e9)
+
+
+def test_periodic_keyframes_take_at_most_their_share_of_the_engine_thread(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The periodic keyframe came every KVSCOPE_PROBE_KEYFRAME_S whatever it took; it
+    reads every holder's table (blocks held plus shared prefixes: tens of milliseconds
+    on a pool of half a million), so the share of the engine thread it took grew with the
+    pool. After one that took T the next periodic one waits T / 1% at least."""
+    from kvscope_probe import recorder
+
+    _twin, rec, _pool = probed(monkeypatch, keyframe_s=5)
+    clock = {"ns": 10**12, "step": 80_000_000}  # an 80 ms keyframe
+
+    def now() -> int:
+        clock["ns"] += clock["step"]
+        return clock["ns"]
+
+    monkeypatch.setattr(recorder, "_now_ns", now)
+    t = 7 * 10**12
+    rec.keyframe(t)
+    assert rec.next_keyframe_ns - t == 80_000_000 / recorder.FORCED_KEYFRAME_SHARE == 8 * 10**9
+    clock["step"] = 2_000_000  # 2 ms: the interval holds
+    rec.keyframe(t)
+    assert rec.next_keyframe_ns - t == 5 * 10**9
