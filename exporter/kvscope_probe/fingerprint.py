@@ -163,8 +163,29 @@ def _relocate(base: Any) -> str | None:
 
 def instance(sched: Any) -> dict[str, str]:
     """{feature: why it is off} for attributes of one scheduler."""
-    return {f: f"Scheduler has no {a}" for f, a in INSTANCE.items()
-            if getattr(sched, a, None) is None}
+    off = {f: f"Scheduler has no {a}" for f, a in INSTANCE.items()
+           if getattr(sched, a, None) is None}
+    foreign = _foreign_manager(sched)
+    if foreign and "core" not in off:
+        off["core"] = foreign
+    return off
+
+
+def _foreign_manager(sched: Any) -> str:
+    """Why a KV cache manager's blocks are not the scheduler's pool's alone ("" when
+    they are): vLLM 0.33's HiSparse binds a manager to a host pool of its own, and keeps
+    pages it released to the pool in the request's table (``residency_changes``). The
+    probe mirrors one pool and reads tables as the blocks each request holds there."""
+    mgr = getattr(sched, "kv_cache_manager", None)
+    pool = getattr(mgr, "block_pool", None)
+    for m in getattr(getattr(mgr, "coordinator", None), "single_type_managers", ()):
+        name = type(m).__name__
+        if getattr(m, "block_pool", pool) is not pool:
+            return f"{name} allocates from a pool of its own, not the scheduler's"
+        if hasattr(m, "residency_changes"):
+            return (f"{name} keeps released pages in its tables (residency_changes): "
+                    "a table is not the blocks its request holds")
+    return ""
 
 
 def line(off: Mapping[str, str], version: str) -> str:

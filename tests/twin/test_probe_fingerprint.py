@@ -182,3 +182,23 @@ def test_a_doctored_vllm_leaves_that_hook_out_with_one_log_line(tmp_path: object
              if ln.startswith("kvscope_probe") and "not recording" in ln]
     assert len(lines) == 1 and "uncache" in lines[0] and "parameter 1 is ids" in lines[0], \
         out.stderr[-2000:]
+
+
+def test_a_manager_with_a_pool_of_its_own_keeps_the_probe_out() -> None:
+    """vLLM 0.33's HiSparse gives a KV cache manager a host pool of its own
+    (``bind_host_pool``) and releases resident pages while they stay in the request's
+    table (``residency_changes``): block IDs of another pool, or blocks the pool counts
+    free, read as the request's own. The probe's mirror would not be vLLM's pool, and its
+    audit reads the same tables: it keeps out, saying why, rather than report them."""
+    twin = Twin(TwinConfig(num_blocks=48), seed=3)
+    (mgr,) = twin.scheduler.kv_cache_manager.coordinator.single_type_managers
+    own = mgr.block_pool
+    mgr.block_pool = object()
+    off = fp.instance(twin.scheduler)
+    assert list(off) == ["core"] and "FullAttentionManager" in off["core"]
+    mgr.block_pool = own
+    mgr.residency_changes = {}
+    off = fp.instance(twin.scheduler)
+    assert list(off) == ["core"] and "residency_changes" in off["core"]
+    del mgr.residency_changes
+    assert fp.instance(twin.scheduler) == {}
