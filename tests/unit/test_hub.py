@@ -237,3 +237,34 @@ def test_the_horizon_looks_no_process_up() -> None:
 
     with mock.patch("kvscope.state.presence.process_gone", no_lookup):
         assert hub.record_horizon() == 10.0
+
+
+def _scrape(hub: Hub) -> str:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from kvscope.sidecar.exposition.metrics import KVScopeCollector
+    reg = CollectorRegistry()
+    reg.register(KVScopeCollector(hub))
+    return generate_latest(reg).decode()
+
+
+def test_a_hello_whose_pool_cannot_exist_is_refused_and_every_scrape_still_works() -> None:
+    bad = [dict(block_size=0), dict(block_size=-16),
+           dict(kv_groups=[wire.KVGroup("FullAttentionSpec", 0)]),
+           dict(kv_groups=[wire.KVGroup("FullAttentionSpec", 32),
+                           wire.KVGroup("SlidingWindowSpec", -1)]),
+           dict(num_blocks=0), dict(num_blocks=-3),
+           # a 100-byte hello must not make the sidecar allocate a huge ledger
+           dict(num_blocks=(1 << 25) + 1),
+           dict(kv_groups=[wire.KVGroup("FullAttentionSpec", 32)] * 65)]
+    hub = Hub()
+    assert feed(hub, [hello(), keyframe(), step()], 0)
+    for i, kw in enumerate(bad):
+        h = hello(session=f"bad{i}", engine=f"b{i}", **kw)
+        f = wire.Frame(engine=f"b{i}", session=f"bad{i}", first_seq=0, dropped=0, faults=0,
+                       records=[h, step(waiting=1, head_req_id="x", head_blocks_needed=5)])
+        assert not hub.accept(wire.encode(f)), kw
+    assert hub.rejected == {"invalid": len(bad)}
+    assert list(hub.engines) == ["0"] and list(hub.sessions) == ["s1"]
+    assert list(hub.presence) == ["s1"]
+    assert 'kvscope_probe_frames_rejected_total{reason="invalid"} 8.0' in _scrape(hub)

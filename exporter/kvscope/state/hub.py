@@ -41,6 +41,41 @@ class _Unknown(Exception):
     """Records of a probe session whose hello or keyframe has not arrived yet."""
 
 
+class _Refused(Exception):
+    """A frame refused before any of its records was applied: no state is touched (a
+    refused frame of a known session leaves its ledger as it was)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+MAX_NUM_BLOCKS = 1 << 25
+"""Most blocks a hello may declare: the ledger holds a byte per block (and the probe's
+mirror, keyframes and layout snapshots as much), so a hello's pool is bounded before the
+sidecar allocates for it. 32 Mi blocks of 16 tokens are 512 Mi tokens of KV cache."""
+MAX_KV_GROUPS = 64
+"""Most KV cache groups a hello may declare (a hybrid model has a handful)."""
+
+
+def check_hello(hello: wire.Hello) -> None:
+    """Refuse (``invalid``) a hello whose pool cannot exist: figures derived from it (the
+    head's fit divides by block sizes) would fail at every scrape, for every engine."""
+    problem = None
+    if not 1 <= hello.num_blocks <= MAX_NUM_BLOCKS:
+        problem = f"num_blocks {hello.num_blocks} outside 1..{MAX_NUM_BLOCKS}"
+    elif hello.block_size < 1:
+        problem = f"block_size {hello.block_size}"
+    elif len(hello.kv_groups) > MAX_KV_GROUPS:
+        problem = f"{len(hello.kv_groups)} KV groups (at most {MAX_KV_GROUPS})"
+    else:
+        bad = [g.block_size for g in hello.kv_groups if g.block_size < 1]
+        if bad:
+            problem = f"KV group block_size {bad[0]}"
+    if problem is not None:
+        raise _Refused("invalid", f"hello of engine {hello.engine!r}: {problem}")
+
+
 HORIZON_HEARD_TICKS = 60
 """Ticks (``tick``, at most one every ``receiver.TICK_S`` = 0.1 s: 6 s at least) without a
 word from an engine after which the record horizon leaves it out: three of the probe's
@@ -87,6 +122,9 @@ class Hub:
                 self._ingest(frame)
             except _Unknown:
                 self.rejected["unknown_session"] += 1
+                return False
+            except _Refused as exc:
+                self.refuse(exc.reason, str(exc))
                 return False
             except Exception as exc:  # noqa: BLE001 - a bad frame must never stop the receiver
                 state = self.sessions.get(frame.session)
@@ -170,6 +208,7 @@ class Hub:
 
     def _admit(self, hello: wire.Hello, first_seq: int) -> EngineState:
         """A state for a new probe session: a restart, a new engine or a collision."""
+        check_hello(hello)
         server = hello.server
         key = engine_key(server, hello.engine)
         holder = self.engines.get(key)
