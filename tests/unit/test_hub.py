@@ -268,3 +268,37 @@ def test_a_hello_whose_pool_cannot_exist_is_refused_and_every_scrape_still_works
     assert list(hub.engines) == ["0"] and list(hub.sessions) == ["s1"]
     assert list(hub.presence) == ["s1"]
     assert 'kvscope_probe_frames_rejected_total{reason="invalid"} 8.0' in _scrape(hub)
+
+
+def test_a_block_id_outside_the_pool_in_a_table_is_refused_and_never_stored() -> None:
+    hub = Hub()
+    assert feed(hub, [hello(), keyframe(), step()], 0)
+    led = hub.engines["0"].ledger
+    seq = 3
+    bad_steps = [
+        step(new_reqs=[wire.NewReq("r", [[2**63]], 0)], num_scheduled={"r": 1}),
+        step(new_reqs=[wire.NewReq("r", [[1, -5]], 0)], num_scheduled={"r": 2}),
+        step(new_reqs=[wire.NewReq("r", [[8]], 0)], num_scheduled={"r": 1}),  # pool of 8
+    ]
+    for s in bad_steps:
+        assert not feed(hub, [s], seq)
+        seq += 1
+        assert "r" not in led.tables and not led.synced
+        assert feed(hub, [step(), keyframe()], seq)  # back in sync
+        seq += 2
+    # a running request's table grows by an ID outside the pool
+    assert feed(hub, [step(new_reqs=[wire.NewReq("g", [[1]], 0)], num_scheduled={"g": 1},
+                           ops=[(wire.OP_ALLOC, [1])], free_blocks=6)], seq)
+    seq += 1
+    assert led.synced and led.tables == {"g": [[1]]}
+    for ids in ([2**64 - 1], [2, -1]):
+        assert not feed(hub, [step(cached_ids=["g"], cached_computed=[1], num_scheduled={"g": 1},
+                                   grown_ids=["g"], grown_blocks=[[ids]], free_blocks=6)], seq)
+        seq += 1
+        assert led.tables["g"] == [[1]] and not led.synced
+    # and a keyframe's tables
+    kf = wire.Keyframe(hello=hello(), states=bytes([3, 2] + [0] * 6), tables={"k": [[1, 9]]},
+                       tokens={"k": 40})
+    assert not feed(hub, [kf], seq)
+    assert "k" not in led.tables and not led.synced
+    assert hub.rejected == {"invalid": 6}

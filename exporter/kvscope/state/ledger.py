@@ -128,6 +128,9 @@ class Ledger:
         """Adopt a keyframe; return True when an in-sync ledger disagreed with it."""
         if len(kf.states) != self.num_blocks:
             raise ValueError(f"keyframe has {len(kf.states)} blocks, pool has {self.num_blocks}")
+        for groups in kf.tables.values():  # checked before anything is replaced
+            for ids in groups:
+                self._check_ids(ids)
         mismatch = self.synced and (
             bytes(self.states) != kf.states or self._tables_differ(kf)
             or self.tokens != kf.tokens
@@ -249,8 +252,20 @@ class Ledger:
         for g, ids in enumerate(groups[:len(nulls)]):
             nulls[g] += sign * ids.count(0)
 
+    def _check_ids(self, ids: list[int]) -> None:
+        """Raise ValueError unless every ID of a table's group is a block of the pool (0,
+        the null block, included): an ID outside it would be kept in the table and break
+        whatever reads the tables later (the layout sampler's arrays)."""
+        if ids and (min(ids) < 0 or max(ids) >= self.num_blocks):
+            bad = next(i for i in ids if not 0 <= i < self.num_blocks)
+            raise ValueError(f"block id {bad} in a block table, outside pool of "
+                             f"{self.num_blocks}")
+
     def _set_table(self, req_id: str, groups: list[list[int]]) -> None:
-        """A whole table (admitted, resumed or from a keyframe), copied."""
+        """A whole table (admitted, resumed or from a keyframe), copied; ValueError, and
+        nothing stored, when an ID is outside the pool."""
+        for ids in groups:
+            self._check_ids(ids)
         old = self.tables.get(req_id)
         if old is not None:
             self._count_nulls(old, -1)
@@ -300,6 +315,7 @@ class Ledger:
         resumed = s.resumed
         nulls = self.nulls
         table_of = tables.get
+        n_blocks = self.num_blocks
         for rid, groups in zip(s.grown_ids, s.grown_blocks, strict=True):  # ~16 at 256 running
             table = table_of(rid)
             if table is None or resumed and rid in resumed:
@@ -307,10 +323,14 @@ class Ledger:
                 continue
             if len(groups) == 1 and table:  # one KV group, as most models have
                 ids = groups[0]
+                if ids and (min(ids) < 0 or max(ids) >= n_blocks):
+                    self._check_ids(ids)  # raises, before the table grows
                 table[0].extend(ids)
                 if 0 in ids:
                     nulls[0] += ids.count(0)
                 continue
+            for ids in groups:
+                self._check_ids(ids)
             while len(table) < len(groups):
                 table.append([])
             for g, (held, ids) in enumerate(zip(table, groups, strict=False)):  # table: >= groups
