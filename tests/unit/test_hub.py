@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from unittest import mock
 
-from kvscope.state.hub import HORIZON_HEARD_TICKS, Hub
+import pytest
+
+from kvscope.state.hub import FORGET_GONE_S, HORIZON_HEARD_TICKS, Hub
 from kvscope_probe import wire
 from tests.unit.test_wire import frame, hello, step
 
@@ -302,3 +305,25 @@ def test_a_block_id_outside_the_pool_in_a_table_is_refused_and_never_stored() ->
     assert not feed(hub, [kf], seq)
     assert "k" not in led.tables and not led.synced
     assert hub.rejected == {"invalid": 6}
+
+
+def test_every_colliding_probe_gets_its_own_engine_and_all_expire(
+        caplog: pytest.LogCaptureFixture) -> None:
+    hub = Hub()
+    sessions = [f"abcdef{i:02d}" for i in range(11)]  # one holder, ten collisions
+    with caplog.at_level(logging.WARNING, logger="kvscope.sidecar"):
+        for s in sessions:
+            h = hello(session=s, server="srv", pid=7)
+            f = wire.Frame(engine="0", session=s, first_seq=0, dropped=0, faults=0,
+                           records=[h, keyframe(session=s)])
+            assert hub.accept(wire.encode(f))
+    assert len(hub.engines) == 11 and len(hub.sessions) == 11 and len(hub.presence) == 11
+    for s, st in hub.sessions.items():  # each session's state is the engine under its key
+        assert hub.engines[st.key] is st and st.hello.session == s
+    assert hub.collisions == {("srv", "0"): 10}
+    warned = [r for r in caplog.records if "two live probes claim" in r.getMessage()]
+    assert len(warned) == 2  # the 1st and the 10th (kvscope.throttle)
+    for p in hub.presence.values():
+        p.last_heard -= FORGET_GONE_S + 10
+    hub.tick()
+    assert hub.engines == {} and hub.sessions == {} and hub.presence == {}

@@ -214,17 +214,18 @@ class Hub:
         holder = self.engines.get(key)
         if holder is not None and self.state_of(holder) in CONNECTED:
             self.collisions[(hello.server, hello.engine)] += 1
-            server = f"{hello.server}#{hello.pid}"
-            if engine_key(server, hello.engine) in self.engines:
-                server = f"{server}-{hello.session[:6]}"
+            server = self._free_server(hello)
             key = engine_key(server, hello.engine)
-            log.warning("two live probes claim server %r engine %r (pids %d and %d): kept "
-                        "apart, the newer as server %r; give each vLLM server its own "
-                        "KVSCOPE_SERVER (or KVSCOPE_ENGINE)", hello.server, hello.engine,
-                        holder.hello.pid, hello.pid, server)
+            if worth_logging(self.collisions[(hello.server, hello.engine)]):
+                log.warning("two live probes claim server %r engine %r (pids %d and %d): "
+                            "kept apart, the newer as server %r; give each vLLM server its "
+                            "own KVSCOPE_SERVER (or KVSCOPE_ENGINE) [%d such so far]",
+                            hello.server, hello.engine, holder.hello.pid, hello.pid, server,
+                            self.collisions[(hello.server, hello.engine)])
         elif holder is not None:
             log.info("engine %s: new probe session %s (engine restarted)", key, hello.session)
             self._forget(holder)
+        assert key not in self.engines  # a state is never replaced without _forget
         state = EngineState(hello, self.listeners)
         state.key, state.server = key, server
         state.next_seq = first_seq
@@ -240,6 +241,20 @@ class Hub:
         for fn in self.listeners:
             fn("hello", state, hello)
         return state
+
+    def _free_server(self, hello: wire.Hello) -> str:
+        """A server label for a colliding hello whose engine key nobody holds:
+        ``server#pid``, else with the session's head, else with a number too."""
+        server = f"{hello.server}#{hello.pid}"
+        if engine_key(server, hello.engine) not in self.engines:
+            return server
+        server = f"{server}-{hello.session[:6]}"
+        n = 2
+        label = server
+        while engine_key(label, hello.engine) in self.engines:
+            label = f"{server}-{n}"
+            n += 1
+        return label
 
     def _forget(self, state: EngineState) -> None:
         self.engines.pop(state.key, None)
