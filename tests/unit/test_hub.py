@@ -327,3 +327,63 @@ def test_every_colliding_probe_gets_its_own_engine_and_all_expire(
         p.last_heard -= FORGET_GONE_S + 10
     hub.tick()
     assert hub.engines == {} and hub.sessions == {} and hub.presence == {}
+
+
+def test_listeners_are_told_when_the_hub_forgets_an_engine() -> None:
+    from kvscope.state.requests import RequestTracker
+    rows: list[object] = []
+    tracker = RequestTracker(rows.append)
+    hub = Hub()
+    events: list[tuple[str, str]] = []
+    hub.listeners.append(tracker.on_event)
+    hub.listeners.append(lambda kind, st, _p: events.append((kind, st.key)))
+    arrivals = [wire.Arrival(f"r{i}", 10, 10, 0, 1.0) for i in range(5)]
+    new = wire.NewReq("r0", [[1]], 0)
+    assert feed(hub, [hello(), keyframe(), step(arrivals=arrivals, new_reqs=[new],
+                                               num_scheduled={"r0": 10},
+                                               ops=[(wire.OP_ALLOC, [1])], free_blocks=6)], 0)
+    assert len(tracker.live["0"]) == 5 and "0" in tracker.config_due
+    for p in hub.presence.values():
+        p.last_heard -= FORGET_GONE_S + 10
+    hub.tick()
+    assert hub.engines == {}
+    assert events[-1] == ("forget", "0")
+    for held in (tracker.live, tracker.prefilling, tracker.allocations, tracker.config_due,
+                 tracker.rollups.seconds, tracker.rollups.never_fit_head):
+        assert "0" not in held
+
+
+def test_a_listener_that_fails_on_forget_does_not_stop_the_hub() -> None:
+    hub = Hub()
+
+    def broken(kind: str, _st: object, _p: object) -> None:
+        if kind == "forget":
+            raise RuntimeError("boom")
+
+    hub.listeners.append(broken)
+    assert feed(hub, [hello(), keyframe()], 0)
+    for p in hub.presence.values():
+        p.last_heard -= FORGET_GONE_S + 10
+    hub.tick()
+    assert hub.engines == {} and hub.sessions == {} and hub.presence == {}
+
+
+def test_the_hub_holds_at_most_max_engines_and_refuses_the_rest() -> None:
+    hub = Hub()
+    with mock.patch("kvscope.state.hub.MAX_ENGINES", 3):
+        for i in range(5):
+            h = hello(engine=f"e{i}", session=f"s{i}")
+            f = wire.Frame(engine=f"e{i}", session=f"s{i}", first_seq=0, dropped=0, faults=0,
+                           records=[h, keyframe(session=f"s{i}")])
+            assert hub.accept(wire.encode(f)) == (i < 3)
+        assert sorted(hub.engines) == ["e0", "e1", "e2"] and len(hub.sessions) == 3
+        assert len(hub.presence) == 3
+        assert hub.rejected == {"too_many_engines": 2}
+        # a restarted engine replaces its own state: no more engines for that
+        hub.presence["s1"].last_heard -= 3600
+        h = hello(engine="e1", session="s1b")
+        f = wire.Frame(engine="e1", session="s1b", first_seq=0, dropped=0, faults=0,
+                       records=[h, keyframe(session="s1b")])
+        assert hub.accept(wire.encode(f))
+        assert hub.engines["e1"].hello.session == "s1b" and len(hub.engines) == 3
+    assert 'kvscope_probe_frames_rejected_total{reason="too_many_engines"} 2.0' in _scrape(hub)

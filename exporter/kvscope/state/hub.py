@@ -33,6 +33,11 @@ log = logging.getLogger("kvscope.sidecar")
 
 MAX_PENDING = 256
 """Sessions heard only through heartbeats that the hub remembers."""
+MAX_ENGINES = 4096
+"""Engines the hub holds at most: a hello of one more (not a restart of an engine it
+holds) is refused as ``too_many_engines``, so hellos with ever new identities cannot grow
+the sidecar's memory without bound (a gone engine is forgotten after FORGET_GONE_S)."""
+"""Sessions heard only through heartbeats that the hub remembers."""
 FORGET_GONE_S = 3600.0
 """A gone (or silent) engine whose identity nobody reclaimed is dropped after this."""
 
@@ -212,19 +217,24 @@ class Hub:
         server = hello.server
         key = engine_key(server, hello.engine)
         holder = self.engines.get(key)
-        if holder is not None and self.state_of(holder) in CONNECTED:
-            self.collisions[(hello.server, hello.engine)] += 1
+        restart = holder is not None and self.state_of(holder) not in CONNECTED
+        if holder is not None and not restart:  # a collision: kept apart
             server = self._free_server(hello)
             key = engine_key(server, hello.engine)
-            if worth_logging(self.collisions[(hello.server, hello.engine)]):
+        if not restart and len(self.engines) >= MAX_ENGINES:
+            raise _Refused("too_many_engines", f"hello of engine {hello.engine!r} (server "
+                           f"{hello.server!r}): the sidecar holds {MAX_ENGINES} engines")
+        if holder is not None and restart:
+            log.info("engine %s: new probe session %s (engine restarted)", key, hello.session)
+            self._forget(holder)
+        elif holder is not None:
+            n = self.collisions[(hello.server, hello.engine)] = (
+                self.collisions[(hello.server, hello.engine)] + 1)
+            if worth_logging(n):
                 log.warning("two live probes claim server %r engine %r (pids %d and %d): "
                             "kept apart, the newer as server %r; give each vLLM server its "
                             "own KVSCOPE_SERVER (or KVSCOPE_ENGINE) [%d such so far]",
-                            hello.server, hello.engine, holder.hello.pid, hello.pid, server,
-                            self.collisions[(hello.server, hello.engine)])
-        elif holder is not None:
-            log.info("engine %s: new probe session %s (engine restarted)", key, hello.session)
-            self._forget(holder)
+                            hello.server, hello.engine, holder.hello.pid, hello.pid, server, n)
         assert key not in self.engines  # a state is never replaced without _forget
         state = EngineState(hello, self.listeners)
         state.key, state.server = key, server
@@ -257,9 +267,16 @@ class Hub:
         return label
 
     def _forget(self, state: EngineState) -> None:
+        """Drop an engine's state, and tell the listeners (``"forget"``), which drop
+        what they hold for its key; a listener's failure is logged, never raised."""
         self.engines.pop(state.key, None)
         self.sessions.pop(state.hello.session, None)
         self.presence.pop(state.hello.session, None)
+        for fn in self.listeners:
+            try:
+                fn("forget", state, None)
+            except Exception:  # noqa: BLE001 - never stop the receiver
+                log.exception("engine %s: a listener failed to forget it", state.key)
 
     def state_of(self, state: EngineState) -> str:
         """active, idle, silent or gone (kvscope.state.presence)."""

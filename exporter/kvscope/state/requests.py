@@ -71,6 +71,13 @@ class RequestTracker:
             self._step(st, payload)  # type: ignore[arg-type]
         elif kind == "preemption":
             self._preemption(st, payload)  # type: ignore[arg-type]
+        elif kind == "forget":  # the hub dropped the engine: so does the tracker
+            old = self.allocations.pop(st.key, None)
+            if old is not None:
+                old.flush_all(self.emit)
+            for held in (self.live, self.prefilling, self.config_due):
+                held.pop(st.key, None)
+            self.rollups.forget(st.key)
 
     _events_wanted = _decisions_wanted = _allocations_wanted = True
 

@@ -242,7 +242,7 @@ class KVScopeCollector:
         f.c("kvscope_probe_records_received", []).add_metric([], hub.records)
         rej = f.c("kvscope_probe_frames_rejected", ["reason"])
         for reason in ("parts", "tag", "version", "malformed", "invalid", "unknown_session",
-                       "buffer_full"):
+                       "buffer_full", "too_many_engines"):
             rej.add_metric([reason], hub.rejected.get(reason, 0))
         f.c("kvscope_probe_heartbeats_received", []).add_metric([], hub.heartbeats)
         coll = f.c("kvscope_engine_identity_collisions", ["server", "engine"])

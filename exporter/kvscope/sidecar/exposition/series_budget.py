@@ -26,7 +26,7 @@ from kvscope_probe import wire
 MAX_END_STATUSES = 6
 """vLLM's finished RequestStatus values (stopped, length capped, aborted, ignored, error,
 repetition): the ``status`` label of ``vllm_scheduler_requests_ended_total``."""
-FRAME_REJECTIONS = 7
+FRAME_REJECTIONS = 8
 """Reasons of ``kvscope_probe_frames_rejected_total`` (exported at 0 from the start)."""
 OVERHEAD_THREADS = 3
 CLIENT_FAMILIES = ("requests", "duplicate_requests", "preempted_requests", "preemptions")
