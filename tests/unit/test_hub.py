@@ -387,3 +387,33 @@ def test_the_hub_holds_at_most_max_engines_and_refuses_the_rest() -> None:
         assert hub.accept(wire.encode(f))
         assert hub.engines["e1"].hello.session == "s1b" and len(hub.engines) == 3
     assert 'kvscope_probe_frames_rejected_total{reason="too_many_engines"} 2.0' in _scrape(hub)
+
+
+class _CountingList(list):  # type: ignore[type-arg]
+    """A list that counts membership tests (each one a scan of the list)."""
+
+    scans = 0
+
+    def __contains__(self, item: object) -> bool:
+        _CountingList.scans += 1
+        return super().__contains__(item)
+
+
+def test_resumed_requests_are_looked_up_once_per_step_not_once_per_growth() -> None:
+    from kvscope.state.requests import RequestTracker
+    hub = Hub()
+    tracker = RequestTracker(lambda _row: None)
+    hub.listeners.append(tracker.on_event)
+    assert feed(hub, [hello(), keyframe(),
+                      step(new_reqs=[wire.NewReq("a", [[1]], 0)], num_scheduled={"a": 1},
+                           arrivals=[wire.Arrival("a", 1, 1, 0, 1.0)],
+                           ops=[(wire.OP_ALLOC, [1])], free_blocks=6)], 0)
+    st = hub.engines["0"]
+    k = 300  # one request grown k times, k other requests resumed
+    resumed = _CountingList(f"x{i}" for i in range(k))
+    s = step(cached_ids=["a"], cached_computed=[1], num_scheduled={"a": 1},
+             grown_ids=["a"] * k, grown_blocks=[[[]]] * k, resumed=resumed, free_blocks=6)
+    _CountingList.scans = 0
+    st.ingest(s)
+    assert _CountingList.scans == 0  # a set built once, by the ledger and by the tracker
+    assert st.ledger.tables["a"] == [[1]] and st.ledger.synced

@@ -161,3 +161,13 @@ def test_a_cut_that_does_not_rebuild_the_list_is_not_sent() -> None:
 def test_an_edit_outside_the_list_before_is_refused(removed: list[int]) -> None:
     with pytest.raises(ValueError, match="not ascending within"):
         wire.apply_cached_edit(["a", "b", "c"], removed, ["d"])
+
+
+def test_apply_cached_edit_takes_out_exactly_the_positions() -> None:
+    prev = [f"r{i}" for i in range(1000)]
+    removed = list(range(0, 1000, 3)) + [999] if 999 % 3 else list(range(0, 1000, 3))
+    got = wire.apply_cached_edit(prev, removed, ["t"])
+    assert got == [r for i, r in enumerate(prev) if i % 3 and i != 999] + ["t"]
+    assert prev == [f"r{i}" for i in range(1000)]  # the previous list is not changed
+    assert wire.apply_cached_edit(prev, [], []) == prev
+    assert wire.apply_cached_edit(prev, list(range(1000)), ["z"]) == ["z"]

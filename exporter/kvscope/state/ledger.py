@@ -312,13 +312,13 @@ class Ledger:
         for rid, n in s.rolled_back.items():
             if rid in tables:
                 counts.set(rid, n, 0)
-        resumed = s.resumed
+        resumed = set(s.resumed) if s.resumed else None  # most steps resume nobody
         nulls = self.nulls
         table_of = tables.get
         n_blocks = self.num_blocks
         for rid, groups in zip(s.grown_ids, s.grown_blocks, strict=True):  # ~16 at 256 running
             table = table_of(rid)
-            if table is None or resumed and rid in resumed:
+            if table is None or resumed is not None and rid in resumed:
                 self._set_table(rid, groups)
                 continue
             if len(groups) == 1 and table:  # one KV group, as most models have

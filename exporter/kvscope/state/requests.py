@@ -165,7 +165,7 @@ class RequestTracker:
             live = reqs.get(n.req_id)
             if live is not None and n.req_id in led.tables:
                 set_table(live, led.tables[n.req_id])
-        resumed = s.resumed
+        resumed = set(s.resumed) if s.resumed else None  # one lookup per growth, not a scan
         allocs = self._allocs(st) if self._allocations_wanted else None
         add = None
         if allocs is not None:
@@ -176,7 +176,7 @@ class RequestTracker:
             live = live_of(rid)
             if live is None:
                 continue
-            if resumed and rid in resumed:
+            if resumed is not None and rid in resumed:
                 set_table(live, groups)
                 self._event(st, s.ts, rid, "resumed", blocks=live.blocks,
                             total_blocks=live.blocks, free_blocks=free,
