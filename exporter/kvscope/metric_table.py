@@ -60,7 +60,8 @@ SIDECAR_METRICS: tuple[Declared, ...] = (
              "Static facts about an engine the probe reports."),
     Declared("kvscope_probe_feature_disabled", GAUGE, (*ENGINE, "feature"),
              "1 for each probe feature this engine's vLLM did not match the fingerprint of "
-             "(not recorded); no series when everything matches."),
+             "(not recorded); no series when everything matches; a feature this sidecar "
+             "does not know is other."),
     Declared("vllm_scheduler_steps", COUNTER, ENGINE, "Scheduler steps (schedule() calls)."),
     Declared("vllm_scheduler_scheduled_tokens", COUNTER, ENGINE,
              "Tokens scheduled, summed over steps."),
@@ -76,7 +77,8 @@ SIDECAR_METRICS: tuple[Declared, ...] = (
     Declared("vllm_scheduler_requests_arrived", COUNTER, ENGINE,
              "Requests added to the scheduler."),
     Declared("vllm_scheduler_requests_ended", COUNTER, (*ENGINE, "status"),
-             "Requests that left the scheduler, by vLLM status."),
+             "Requests that left the scheduler, by vLLM status (other: a status vLLM does not "
+             "define)."),
     Declared("vllm_scheduler_token_budget_utilization", GAUGE, ENGINE,
              "Scheduled tokens / token budget over the last 10 s of steps."),
     Declared("vllm_scheduler_running_requests", GAUGE, ENGINE,

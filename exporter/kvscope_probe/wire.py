@@ -41,6 +41,11 @@ STATE_NULL = 3  # block 0, vLLM's null block, never free
 
 REASONS = ("kv_full", "priority", "unknown")
 
+END_STATUSES = frozenset({"FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED", "FINISHED_ABORTED",
+                          "FINISHED_IGNORED", "FINISHED_ERROR", "FINISHED_REPETITION"})
+"""vLLM's finished ``RequestStatus`` names (``End.status``); the sidecar counts any other
+status as ``other``, so a probe's strings never become unbounded metric labels."""
+
 
 def cdiv(a: int, b: int) -> int:
     """Ceiling division: the blocks of size ``b`` that ``a`` tokens occupy (both sides

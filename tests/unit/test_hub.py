@@ -417,3 +417,29 @@ def test_resumed_requests_are_looked_up_once_per_step_not_once_per_growth() -> N
     st.ingest(s)
     assert _CountingList.scans == 0  # a set built once, by the ledger and by the tracker
     assert st.ledger.tables["a"] == [[1]] and st.ledger.synced
+
+
+def test_probe_strings_outside_known_sets_share_one_other_label() -> None:
+    from kvscope_probe.fingerprint import FEATURES
+    hub = Hub()
+    disabled = {"ends": "no hook", **{f"f{i}": "x" for i in range(40)}}
+    assert feed(hub, [hello(disabled=disabled), keyframe()], 0)
+    known = ["FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED", "FINISHED_ABORTED",
+             "FINISHED_IGNORED", "FINISHED_ERROR", "FINISHED_REPETITION"]
+    ends = [wire.End(f"r{i}", status, 1, 1, 0, 0, 1.0)
+            for i, status in enumerate(known + [f"S{j}" for j in range(500)])]
+    assert feed(hub, [step(ends=ends)], 2)
+    st = hub.engines["0"]
+    assert st.counters.ends == {**dict.fromkeys(known, 1), "other": 500}
+    text = _scrape(hub)
+    ended = [ln for ln in text.splitlines()
+             if ln.startswith("vllm_scheduler_requests_ended_total{")]
+    assert len(ended) == 7 and any('status="other"} 500.0' in ln for ln in ended)
+    off = [ln for ln in text.splitlines() if ln.startswith("kvscope_probe_feature_disabled{")]
+    assert len(off) == 2
+    assert any('feature="ends"' in ln for ln in off) and any('feature="other"' in ln for ln in off)
+    assert "ends" in FEATURES
+    # a hello listing more features than any probe has is refused
+    h = hello(session="s2", engine="e2", disabled={f"g{i}": "" for i in range(65)})
+    f = wire.Frame(engine="e2", session="s2", first_seq=0, dropped=0, faults=0, records=[h])
+    assert not hub.accept(wire.encode(f)) and hub.rejected == {"invalid": 1}

@@ -20,6 +20,7 @@ from kvscope.state.token_counts import ListEdit
 from kvscope_probe import wire
 from kvscope_probe.identity import engine_key
 
+_END_STATUSES = wire.END_STATUSES
 MAXRUN_SAMPLE_S = 0.1  # how often max-contiguous is sampled between scrapes
 
 
@@ -213,7 +214,8 @@ class EngineState:
                 for rid in s.resumed:
                     self._resumed(rid, computed.get(rid, 0))
         for e in s.ends:
-            c.ends[e.status] = c.ends.get(e.status, 0) + 1
+            status = e.status if e.status in _END_STATUSES else "other"  # a bounded label
+            c.ends[status] = c.ends.get(status, 0) + 1
             self.lost_tokens.pop(e.req_id, None)
 
         if led.synced and led.free != s.free_blocks:

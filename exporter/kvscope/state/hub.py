@@ -61,6 +61,9 @@ mirror, keyframes and layout snapshots as much), so a hello's pool is bounded be
 sidecar allocates for it. 32 Mi blocks of 16 tokens are 512 Mi tokens of KV cache."""
 MAX_KV_GROUPS = 64
 """Most KV cache groups a hello may declare (a hybrid model has a handful)."""
+MAX_DISABLED = 64
+"""Most disabled features a hello may list (the probe has ten; unknown ones are exported
+under ``feature="other"``)."""
 
 
 def check_hello(hello: wire.Hello) -> None:
@@ -73,6 +76,8 @@ def check_hello(hello: wire.Hello) -> None:
         problem = f"block_size {hello.block_size}"
     elif len(hello.kv_groups) > MAX_KV_GROUPS:
         problem = f"{len(hello.kv_groups)} KV groups (at most {MAX_KV_GROUPS})"
+    elif len(hello.disabled) > MAX_DISABLED:
+        problem = f"{len(hello.disabled)} disabled features (at most {MAX_DISABLED})"
     else:
         bad = [g.block_size for g in hello.kv_groups if g.block_size < 1]
         if bad:

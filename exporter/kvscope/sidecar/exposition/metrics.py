@@ -29,6 +29,7 @@ from kvscope.state.client_stats import ClientStats
 from kvscope.state.engine import EngineState
 from kvscope.state.hub import Hub
 from kvscope.state.presence import CONNECTED, STATES
+from kvscope_probe.fingerprint import FEATURES
 
 if TYPE_CHECKING:
     from kvscope.sidecar.ingest.receiver import Receiver
@@ -125,7 +126,9 @@ class KVScopeCollector:
             1,
         )
         off = f.g("kvscope_probe_feature_disabled", EL + ["feature"])
-        for feature in getattr(h, "disabled", None) or ():
+        # a feature this sidecar does not know (a newer probe's, or garbage) is "other"
+        for feature in dict.fromkeys(x if x in FEATURES else "other"
+                                     for x in getattr(h, "disabled", None) or ()):
             off.add_metric(lv + [feature], 1)
         f.c("vllm_scheduler_steps").add_metric(lv, c.steps)
         f.c("vllm_scheduler_scheduled_tokens").add_metric(lv, c.scheduled_tokens)

@@ -23,9 +23,10 @@ from kvscope.state.audit import KINDS as AUDIT_KINDS
 from kvscope.state.presence import STATES
 from kvscope_probe import wire
 
-MAX_END_STATUSES = 6
+MAX_END_STATUSES = len(wire.END_STATUSES) + 1
 """vLLM's finished RequestStatus values (stopped, length capped, aborted, ignored, error,
-repetition): the ``status`` label of ``vllm_scheduler_requests_ended_total``."""
+repetition) and ``other`` (any status outside them): the ``status`` label of
+``vllm_scheduler_requests_ended_total``."""
 FRAME_REJECTIONS = 8
 """Reasons of ``kvscope_probe_frames_rejected_total`` (exported at 0 from the start)."""
 OVERHEAD_THREADS = 3
