@@ -443,3 +443,24 @@ def test_probe_strings_outside_known_sets_share_one_other_label() -> None:
     h = hello(session="s2", engine="e2", disabled={f"g{i}": "" for i in range(65)})
     f = wire.Frame(engine="e2", session="s2", first_seq=0, dropped=0, faults=0, records=[h])
     assert not hub.accept(wire.encode(f)) and hub.rejected == {"invalid": 1}
+
+
+def test_a_replayed_frame_is_refused_before_anything_is_applied() -> None:
+    hub = Hub()
+    assert feed(hub, [hello(), keyframe()], 0)
+    st = hub.engines["0"]
+    pre = wire.Preemption("v", 1, 0, 64, 7, 0, None, None, None, "fcfs", "kv_full", 1.0)
+    dup = step(preemptions=[pre], preempted=["v"], scheduled_tokens=10)
+    assert feed(hub, [dup], 2)
+    assert not feed(hub, [dup], 2) and not feed(hub, [dup], 2)
+    assert st.counters.steps == 1 and st.counters.preemptions["kv_full"] == 1
+    assert st.counters.scheduled_tokens == 10 and st.counters.gaps == 0
+    assert st.ledger.synced and st.next_seq == 3
+    assert feed(hub, [step(ops=[(wire.OP_ALLOC, [1, 2, 3])], free_blocks=4)], 3)
+    assert not feed(hub, [hello(), keyframe()], 0)  # frame 0 again: not a reset
+    assert st.ledger.free == 4 and st.ledger.synced and st.next_seq == 4
+    assert hub.rejected == {"invalid": 3}
+    beat = wire.Frame(engine="0", session="s1", first_seq=1, dropped=0, faults=0,
+                      records=[wire.Heartbeat(2.0, 0.5)])
+    assert hub.accept(wire.encode(beat))  # heartbeats stand outside the sequence
+    assert feed(hub, [step(free_blocks=4)], 4) and st.ledger.synced

@@ -182,6 +182,9 @@ class Hub:
             state = self._admit(hello, frame.first_seq)
         elif state.hello.engine != frame.engine:
             raise ValueError("frame's engine differs from its session's hello")
+        elif frame.first_seq < state.next_seq:  # records it has applied: a replay
+            raise _Refused("invalid", f"engine {frame.engine!r}: frame of records "
+                           f"{frame.first_seq}.. replayed (next is {state.next_seq})")
         state.note_frame(frame)
         for rec in frame.records:
             state.ingest(rec)
