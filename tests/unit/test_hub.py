@@ -464,3 +464,51 @@ def test_a_replayed_frame_is_refused_before_anything_is_applied() -> None:
                       records=[wire.Heartbeat(2.0, 0.5)])
     assert hub.accept(wire.encode(beat))  # heartbeats stand outside the sequence
     assert feed(hub, [step(free_blocks=4)], 4) and st.ledger.synced
+
+
+def test_a_keyframe_with_unknown_states_or_no_null_block_is_refused() -> None:
+    hub = Hub()
+    assert feed(hub, [hello(), keyframe()], 0)
+    led = hub.engines["0"].ledger
+    bad = [bytes(8), bytes([3, 0, 0, 0, 4, 0, 0, 0]), bytes([3, 0, 3, 0, 0, 0, 0, 0]),
+           bytes([2] + [0] * 7)]
+    for seq, states in enumerate(bad, start=2):
+        kf = wire.Keyframe(hello=hello(), states=states, tables={}, tokens={})
+        assert not feed(hub, [kf], seq)
+        assert led.free == 7 and led.used == 0 and led.states == bytearray(keyframe().states)
+    assert hub.rejected == {"invalid": 4}
+    first = wire.Frame(engine="1", session="s9", first_seq=0, dropped=0, faults=0,
+                       records=[wire.Keyframe(hello=hello(engine="1", session="s9"),
+                                              states=bytes(8), tables={}, tokens={})])
+    assert not hub.accept(wire.encode(first))  # its hello is fine: the engine waits, stale
+    assert not hub.engines["1"].ledger.synced and hub.engines["1"].ledger.used == 0
+
+
+def test_a_step_with_negative_counts_or_a_non_finite_time_is_refused_whole() -> None:
+    hub = Hub()
+    assert feed(hub, [hello(), keyframe()], 0)
+    st = hub.engines["0"]
+    c = st.counters
+    pre = wire.Preemption("v", 1, 0, -10**15, 7, 0, None, None, None, "fcfs", "kv_full", 1.0)
+    bad = [step(scheduled_tokens=-5), step(token_budget=-1), step(schedule_ns=-10**12),
+           step(probe_ns=-1), step(preemptions=[pre], preempted=["v"]),
+           step(ts=float("nan"), ops=[(wire.OP_ALLOC, [1])], free_blocks=6),
+           step(ts=float("inf"))]
+    for seq, s in enumerate(bad, start=2):
+        assert not feed(hub, [s], seq)
+    assert (c.steps, c.scheduled_tokens, c.budget_tokens, c.preempted_tokens) == (0, 0, 0, 0)
+    assert c.schedule_seconds == 0.0 and c.probe_seconds == 0.0
+    assert c.preemptions["kv_full"] == 0 and st.ledger.free == 7  # no op applied
+    assert hub.rejected == {"invalid": len(bad)}
+
+
+def test_a_frame_naming_another_engine_leaves_the_session_owner_in_sync() -> None:
+    hub = Hub()
+    assert feed(hub, [hello(), keyframe()], 0)
+    st = hub.engines["0"]
+    for records in ([wire.Heartbeat(1.0, 0.0)], [step()]):
+        f = wire.Frame(engine="other", session="s1", first_seq=2, dropped=0, faults=0,
+                       records=records)
+        assert not hub.accept(wire.encode(f))
+        assert st.ledger.synced
+    assert hub.rejected == {"invalid": 2}

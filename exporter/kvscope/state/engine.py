@@ -6,6 +6,7 @@ restarted) starts a fresh EngineState. Gauges describe the latest step.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -83,6 +84,19 @@ class Extremes:
 
 
 Listener = Callable[[str, "EngineState", object], None]
+
+
+def _check_step(s: wire.Step) -> None:
+    """Raise ValueError, before anything of the step is applied, when a figure that feeds
+    a counter is negative (counters never go down) or its time is not finite."""
+    if (s.scheduled_tokens < 0 or s.token_budget < 0 or s.schedule_ns < 0 or s.probe_ns < 0
+            or not math.isfinite(s.ts)):
+        raise ValueError(f"step with a negative count or time {s.ts!r}: scheduled "
+                         f"{s.scheduled_tokens}, budget {s.token_budget}, schedule_ns "
+                         f"{s.schedule_ns}, probe_ns {s.probe_ns}")
+    for p in s.preemptions:  # rare: a few a step at most
+        if p.computed_tokens_lost < 0:
+            raise ValueError(f"preemption of {p.victim!r} lost {p.computed_tokens_lost} tokens")
 
 
 class EngineState:
@@ -190,6 +204,7 @@ class EngineState:
         return s, edit
 
     def _step(self, s: wire.Step) -> None:
+        _check_step(s)
         s, edit = self._resolve(s)
         led = self.ledger
         c = self.counters

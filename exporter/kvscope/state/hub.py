@@ -180,8 +180,9 @@ class Hub:
             if hello.session != frame.session or hello.engine != frame.engine:
                 raise ValueError("hello does not match the frame's engine and session")
             state = self._admit(hello, frame.first_seq)
-        elif state.hello.engine != frame.engine:
-            raise ValueError("frame's engine differs from its session's hello")
+        elif state.hello.engine != frame.engine:  # not that session's: leave it be
+            raise _Refused("invalid", f"engine {frame.engine!r}: frame's engine differs "
+                           "from its session's hello")
         elif frame.first_seq < state.next_seq:  # records it has applied: a replay
             raise _Refused("invalid", f"engine {frame.engine!r}: frame of records "
                            f"{frame.first_seq}.. replayed (next is {state.next_seq})")
@@ -203,7 +204,8 @@ class Hub:
             while len(self.pending) > MAX_PENDING:
                 self.pending.popitem(last=False)
         elif p.engine != frame.engine:
-            raise ValueError("heartbeat's engine differs from its session's")
+            raise _Refused("invalid", f"engine {frame.engine!r}: heartbeat's engine differs "
+                           "from its session's")
         hb = frame.records[-1]
         assert isinstance(hb, wire.Heartbeat)
         p.heard(step=False)

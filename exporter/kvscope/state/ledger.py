@@ -128,7 +128,12 @@ class Ledger:
         """Adopt a keyframe; return True when an in-sync ledger disagreed with it."""
         if len(kf.states) != self.num_blocks:
             raise ValueError(f"keyframe has {len(kf.states)} blocks, pool has {self.num_blocks}")
-        for groups in kf.tables.values():  # checked before anything is replaced
+        states = np.frombuffer(kf.states, dtype=np.uint8)  # checked before anything is replaced
+        if states.size and (states[0] != wire.STATE_NULL
+                            or int(states[1:].max(initial=0)) > wire.STATE_USED):
+            raise ValueError("keyframe states: block 0 is not the null block, or a block "
+                             "has an unknown state")
+        for groups in kf.tables.values():
             for ids in groups:
                 self._check_ids(ids)
         mismatch = self.synced and (
