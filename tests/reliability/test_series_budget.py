@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvscope.sidecar.exposition.series_budget import (
+    MAX_END_STATUSES,
     EngineShape,
     SidecarShape,
     ceiling,
@@ -118,8 +119,11 @@ def test_ten_thousand_clients_stay_within_the_budget(side: ServeProcess) -> None
 
 
 def test_the_ceiling_counts_every_family_at_its_worst() -> None:
-    worst: Any = engine_series(EngineShape(kv_groups=2, end_statuses=6, reconciled=True))
+    # vLLM's six finished statuses and ``other``
+    worst: Any = engine_series(EngineShape(kv_groups=2, end_statuses=MAX_END_STATUSES,
+                                           reconciled=True))
+    assert MAX_END_STATUSES == 7 and worst["vllm_scheduler_requests_ended_total"] == 7
     assert worst["vllm_scheduler_kv_group_request_blocks"] == 2
-    assert sum(worst.values()) == sum(engine_series(TWIN).values()) + 2 + 5 + 2
+    assert sum(worst.values()) == sum(engine_series(TWIN).values()) + 2 + 6 + 2
     assert ceiling(2, 50, 20, SINKS, kv_groups=2) - ceiling(1, 50, 20, SINKS, kv_groups=2) == (
         sum(worst.values()))
