@@ -192,13 +192,14 @@ class Delivery:
             self.spool.tried(batch)  # the store may hold it from now on: never combined
             tries = attempts[1] if attempts[0] == batch.seq else 0
             try:
-                self.send(batch, self.spool.read(batch), tries)
-            except (BatchRejected, FileNotFoundError) as exc:
-                self.spool.done(batch)
-                self.rejected[batch.table] += batch.rows
-                self.send_errors += 1
-                log.error("%s: dropped a batch of %d %s rows: %s", self.name, batch.rows,
-                          batch.table, self.describe(exc))
+                payload = self.spool.read(batch)
+            except OSError as exc:  # gone or unreadable: no retry will read it
+                self._reject(batch, f"cannot read {batch.filename}: {self.describe(exc)}")
+                continue
+            try:
+                self.send(batch, payload, tries)
+            except BatchRejected as exc:
+                self._reject(batch, self.describe(exc))
                 continue
             except Exception as exc:  # noqa: BLE001 - any failure is retried with backoff
                 self.spool.release(batch)
@@ -211,6 +212,15 @@ class Delivery:
             self.spool.done(batch)
             self.written[batch.table] += batch.rows
             self._reached(backoff)
+
+    def _reject(self, batch: SpooledBatch, why: str) -> None:
+        """Give ``batch`` up for good: deleted, its rows counted dropped, logged once."""
+        self.spool.done(batch)
+        self.rejected[batch.table] += batch.rows
+        self.send_errors += 1
+        self.last_error = why
+        log.error("%s: dropped a batch of %d %s rows: %s", self.name, batch.rows, batch.table,
+                  why)
 
     def _wait_s(self, head: SpooledBatch) -> float:
         """Seconds the oldest batch waits for more of its table to join it (none if the

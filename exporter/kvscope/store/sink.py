@@ -27,8 +27,11 @@ from kvscope.sinks.options import DeliveryOptions
 from kvscope.sinks.spool import Spool, SpooledBatch
 from kvscope.store import SINK_NAME, arrow, embedded, schema
 
-SCHEMA_CODES = {16, 60, 81}
-"""NO_SUCH_COLUMN_IN_TABLE, UNKNOWN_TABLE, UNKNOWN_DATABASE: apply the DDL again."""
+NO_SUCH_COLUMN = 16
+SCHEMA_CODES = {NO_SUCH_COLUMN, 60, 81}
+"""NO_SUCH_COLUMN_IN_TABLE, UNKNOWN_TABLE, UNKNOWN_DATABASE: apply the DDL again. A batch
+still refused for a column the table lacks once the DDL was applied again holds a column
+this version has no DDL for (spooled by a newer version before a rollback): rejected."""
 TRANSIENT_CODES = SCHEMA_CODES | {159, 164, 202, 203, 209, 210, 225, 241, 242, 252, 319,
                                   425, 497, 516, 999}
 """Server answers that say "not now" (timeouts, overload, read-only, auth, keeper):
@@ -112,6 +115,10 @@ class ClickHouseSink:
         self._lock = threading.Lock()
         self._fresh_lock = threading.Lock()
         self._fresh_at = float("-inf")
+        self._ddl_runs = 0
+        """How many times the schema was applied (each connect)."""
+        self._column_missing: tuple[int, int] = (0, -1)
+        """(batch seq, ``_ddl_runs`` then) of the last batch refused for a missing column."""
         self.spool = Spool(spool_dir or default_spool_dir(self.target),
                            max_bytes=self.options.spool_max_bytes,
                            policy=self.options.spool_policy, fsync=self.options.fsync)
@@ -169,6 +176,7 @@ class ClickHouseSink:
                     client.close()
                     raise
                 self._client = client
+                self._ddl_runs += 1
             return self._client
 
     def reader(self) -> Any:
@@ -225,12 +233,20 @@ class ClickHouseSink:
         if self.target.chdb_path:
             settings.update(embedded.INSERT_SETTINGS)
         try:
-            self.client().raw_insert(f"{self.database}.{batch.table}",
-                                     arrow.column_names(payload), payload,
+            columns = arrow.column_names(payload)
+        except Exception as exc:  # noqa: BLE001 - damaged on disk: no retry will read it
+            raise BatchRejected(f"cannot decode {batch.filename}: {self.describe(exc)}") from None
+        try:
+            self.client().raw_insert(f"{self.database}.{batch.table}", columns, payload,
                                      settings=settings, fmt="Arrow")
         except Exception as exc:
             code = getattr(exc, "code", None)
             with self._lock:
+                if code == NO_SUCH_COLUMN:
+                    seq, runs = self._column_missing
+                    if seq == batch.seq and self._ddl_runs > runs:  # the DDL did not help
+                        raise BatchRejected(self.describe(exc)) from None
+                    self._column_missing = (batch.seq, self._ddl_runs)
                 if code is None or code in SCHEMA_CODES:
                     self._drop_client()  # reconnect (and apply the DDL) on the next attempt
             if code is not None and code not in TRANSIENT_CODES and attempt + 1 >= REJECT_AFTER:

@@ -1,0 +1,81 @@
+"""The ClickHouse sink when one batch, the schema or the disk is at fault: one bad thing
+never blocks or loses the rows around it, and every row given up is counted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from kvscope.store import arrow
+from kvscope.store.sink import ClickHouseSink
+from tests.clickhouse.conftest import FAST, count
+from tests.clickhouse.rowsource import trace
+
+pytestmark = pytest.mark.clickhouse
+
+TOKEN = "0123456789abcdef0123456789abcdef"
+
+
+def sink_for(dsn: str, database: str, spool: Path, **kw: Any) -> ClickHouseSink:
+    return ClickHouseSink(dsn, database=database, spool_dir=str(spool),
+                          options=kw.pop("options", FAST), **kw)
+
+
+def test_a_damaged_spooled_batch_is_dropped_and_counted_not_retried_forever(
+        store: Any, database: str, chdb_dsn: str, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    name = f"000000000001.step_stats.3.1700000000000.{TOKEN}.batch"
+    (spool / name).write_bytes(b"ARROW1\0\0trunc")  # cut short on a disk that lied
+    sink = sink_for(chdb_dsn, database, spool)
+    try:
+        for i in range(5):
+            sink.write("request_traces", trace(i))
+        assert sink.flush(10)
+        st = sink.stats()
+        assert st.rows_dropped["step_stats"] == 3
+        assert st.rows_written["request_traces"] == 5
+        assert st.spool_batches == 0 and not (spool / name).exists()
+    finally:
+        closed = sink.close(10)
+    assert closed
+    assert count(store, "request_traces") == 5
+    dropped = [r for r in caplog.records if "dropped a batch" in r.getMessage()]
+    assert len(dropped) == 1 and name in dropped[0].getMessage()
+
+
+def with_extra_column(payload: Any) -> pa.Buffer:
+    """The batch as a newer kvscope spooled it: one more column than this table has."""
+    batch = pa.ipc.open_file(pa.py_buffer(payload)).get_batch(0)
+    batch = batch.append_column("added_later", pa.array([1] * batch.num_rows, pa.int64()))
+    out = pa.BufferOutputStream()
+    with pa.ipc.new_file(out, batch.schema) as writer:
+        writer.write_batch(batch)
+    return out.getvalue()
+
+
+def test_a_batch_with_a_column_the_table_lacks_is_dropped_once_the_ddl_did_not_help(
+        store: Any, database: str, chdb_dsn: str, tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    payload = with_extra_column(arrow.encode("request_traces",
+                                             [trace(100 + i) for i in range(3)]))
+    name = f"000000000001.request_traces.3.1700000000000.{TOKEN}.batch"
+    (spool / name).write_bytes(payload.to_pybytes())  # spooled before a rollback
+    sink = sink_for(chdb_dsn, database, spool)
+    try:
+        for i in range(5):
+            sink.write("request_traces", trace(i))
+        assert sink.flush(10)
+        st = sink.stats()
+        assert st.rows_dropped["request_traces"] == 3
+        assert st.rows_written["request_traces"] == 5
+    finally:
+        closed = sink.close(10)
+    assert closed
+    assert sorted(r[0] for r in store.query("SELECT prompt_len FROM request_traces")
+                  .result_rows) == [0, 1, 2, 3, 4]
