@@ -8,11 +8,13 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from clickhouse_connect.driver.exceptions import DatabaseError
 
 from kvscope.store import arrow
 from kvscope.store.sink import ClickHouseSink
-from tests.clickhouse.conftest import FAST, count
+from tests.clickhouse.conftest import FAST, clickhouse_connect, count
 from tests.clickhouse.rowsource import trace
+from tests.reliability.serveproc import wait_until
 
 pytestmark = pytest.mark.clickhouse
 
@@ -79,3 +81,44 @@ def test_a_batch_with_a_column_the_table_lacks_is_dropped_once_the_ddl_did_not_h
     assert closed
     assert sorted(r[0] for r in store.query("SELECT prompt_len FROM request_traces")
                   .result_rows) == [0, 1, 2, 3, 4]
+
+
+class _FailingDDL:
+    """A real chDB client whose server refuses one DDL statement for good (an older
+    server's UNKNOWN_SETTING, another sidecar migrating at the same moment)."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.refused = 0
+
+    def command(self, cmd: str, *args: Any, **kwargs: Any) -> Any:
+        if cmd.lstrip().startswith("CREATE OR REPLACE VIEW"):
+            self.refused += 1
+            raise DatabaseError("Code: 115. DB::Exception: Unknown setting. (UNKNOWN_SETTING)",
+                                code=115)
+        return self._client.command(cmd, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def test_a_schema_that_cannot_be_applied_keeps_the_rows_spooled(
+        store: Any, database: str, chdb_dsn: str, tmp_path: Path) -> None:
+    made: list[_FailingDDL] = []
+
+    def connect() -> Any:
+        made.append(_FailingDDL(clickhouse_connect.get_client(dsn=chdb_dsn)))
+        return made[-1]
+
+    sink = sink_for(chdb_dsn, database, tmp_path / "spool", connect=connect)
+    try:
+        for i in range(4):
+            sink.write("request_traces", trace(i))
+        # far more failed attempts than a batch the store refuses is allowed
+        wait_until("eight failed connects", lambda: sum(c.refused for c in made) >= 8, 60)
+        st = sink.stats()
+        assert st.rows_dropped["request_traces"] == 0
+        assert sink.spool.pending_rows()["request_traces"] == 4
+        assert not st.connected and "UNKNOWN_SETTING" in st.last_error
+    finally:
+        assert not sink.close(1)

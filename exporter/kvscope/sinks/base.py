@@ -83,6 +83,11 @@ class BatchRejected(Exception):
     dropped and its rows counted, so one bad batch cannot block the ones behind it."""
 
 
+class StoreUnavailable(Exception):
+    """The store cannot be reached or prepared (connect, schema): not the batch's fault, so
+    the failure never counts toward rejecting the batch; it is retried with backoff."""
+
+
 @dataclass(frozen=True)
 class SinkStats:
     """A sink's own health, read by kvscope.sinks.metrics.SinkCollector."""

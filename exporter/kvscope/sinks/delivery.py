@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvscope.os_thread import name_os_thread
-from kvscope.sinks.base import BatchRejected, SinkStats
+from kvscope.sinks.base import BatchRejected, SinkStats, StoreUnavailable
 from kvscope.sinks.options import Backoff, DeliveryOptions
 from kvscope.sinks.spool import Spool, SpooledBatch
 from kvscope.throttle import worth_logging
@@ -206,7 +206,8 @@ class Delivery:
                 if self._stop.is_set():
                     break  # closing: the batch stays spooled for the next start
                 self._failed(exc, len(self.spool))
-                attempts = (batch.seq, tries + 1)
+                if not isinstance(exc, StoreUnavailable):  # the store's fault, not the batch's
+                    attempts = (batch.seq, tries + 1)
                 self._stop.wait(backoff.next())
                 continue
             self.spool.done(batch)

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from kvscope.redact import redact
 from kvscope.rows import TABLES
-from kvscope.sinks.base import BatchRejected, SinkStats
+from kvscope.sinks.base import BatchRejected, SinkStats, StoreUnavailable
 from kvscope.sinks.delivery import Delivery
 from kvscope.sinks.options import DeliveryOptions
 from kvscope.sinks.spool import Spool, SpooledBatch
@@ -237,8 +237,12 @@ class ClickHouseSink:
         except Exception as exc:  # noqa: BLE001 - damaged on disk: no retry will read it
             raise BatchRejected(f"cannot decode {batch.filename}: {self.describe(exc)}") from None
         try:
-            self.client().raw_insert(f"{self.database}.{batch.table}", columns, payload,
-                                     settings=settings, fmt="Arrow")
+            client = self.client()
+        except Exception as exc:  # connect or DDL: never charged to the batch
+            raise StoreUnavailable(self.describe(exc)) from exc
+        try:
+            client.raw_insert(f"{self.database}.{batch.table}", columns, payload,
+                              settings=settings, fmt="Arrow")
         except Exception as exc:
             code = getattr(exc, "code", None)
             with self._lock:
