@@ -122,3 +122,24 @@ def test_a_schema_that_cannot_be_applied_keeps_the_rows_spooled(
         assert not st.connected and "UNKNOWN_SETTING" in st.last_error
     finally:
         assert not sink.close(1)
+
+
+def test_rows_the_spool_cannot_take_are_neither_reported_delivered_nor_lost_uncounted(
+        database: str, chdb_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    from kvscope.sinks.spool import Spool
+
+    def disk_full(self: Spool, batch: Any, payload: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Spool, "_write", disk_full)
+    sink = sink_for(chdb_dsn, database, tmp_path / "spool")
+    for i in range(7):
+        sink.write("request_traces", trace(i))
+    assert sink.flush(2) is False
+    assert sink.stats().queued_rows == 7
+    assert sink.close(1) is False
+    st = sink.stats()
+    assert st.queued_rows == 0 and st.rows_dropped["request_traces"] == 7
+    assert not any(st.rows_written.values())
+    assert "closing with 7 request_traces rows never spooled" in caplog.text

@@ -95,7 +95,8 @@ class SinkStats:
     rows_written: dict[str, int]
     """Rows the store acknowledged, by table."""
     rows_dropped: dict[str, int]
-    """Rows given up (queue overflow, full spool, rejected batch), by table."""
+    """Rows given up (queue overflow, full spool, rejected batch, never spooled by close),
+    by table."""
     errors: int
     """Failed attempts to deliver or spool a batch."""
     spool_bytes: int

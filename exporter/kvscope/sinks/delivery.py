@@ -85,6 +85,7 @@ class Delivery:
         self._stop = threading.Event()
         self._cv = threading.Condition()
         self._asked = self._sealed = 0
+        self._left = False  # the last forced seal left rows in memory (the spool refused)
         self._threads = [threading.Thread(target=self._batch_loop, name=f"{name}-batch",
                                           daemon=True),
                          threading.Thread(target=self._send_loop, name=f"{name}-send",
@@ -122,6 +123,7 @@ class Delivery:
             if asked > self._sealed:
                 with self._cv:
                     self._sealed = asked
+                    self._left = any(b.rows for b in self.buffers.values())
                     self._cv.notify_all()
 
     def _seal_due(self, force: bool) -> None:
@@ -284,7 +286,8 @@ class Delivery:
 
     # -- control -----------------------------------------------------------------------
     def flush(self, timeout_s: float) -> bool:
-        """Spool every row taken so far, then wait for delivery; True when all delivered."""
+        """Spool every row taken so far, then wait for delivery; True when all delivered
+        (False while rows the spool refused wait in memory)."""
         deadline = time.monotonic() + timeout_s
         with self._cv:
             self._asked += 1
@@ -298,6 +301,8 @@ class Delivery:
                     left = deadline - time.monotonic()
                     if left <= 0 or not self._cv.wait(left):
                         return False
+                if self._left:  # rows only in memory: not delivered, not even durable
+                    return False
             while (len(self.spool) and time.monotonic() < deadline
                    and self._threads[1].is_alive()):
                 time.sleep(0.005)
@@ -307,7 +312,8 @@ class Delivery:
                 self._flushing -= 1
 
     def close(self, timeout_s: float) -> bool:
-        """Flush within the timeout and stop; what is undelivered stays spooled."""
+        """Flush within the timeout and stop; what is undelivered stays spooled, and rows
+        that never reached the spool are counted dropped."""
         start = time.monotonic()
         delivered = self.flush(timeout_s)
         self._stop.set()
@@ -316,9 +322,24 @@ class Delivery:
         for t in self._threads:
             if t.is_alive():
                 t.join(max(0.1, timeout_s - (time.monotonic() - start)))
+        if not self._threads[0].is_alive():
+            self._drop_unspooled()
         if not any(t.is_alive() for t in self._threads):
             self.spool.close()  # else an insert still runs: the lock goes with the process
         return delivered
+
+    def _drop_unspooled(self) -> None:
+        """At close, rows still in memory (the spool refused them) go with the process:
+        counted dropped, and said."""
+        for table, q in self.queues.items():
+            buf = self.buffers[table]
+            n = len(buf.rows) + len(q)
+            if n:
+                self.batch_dropped[table] += n
+                buf.rows = []
+                q.clear()
+                log.error("%s: closing with %d %s rows never spooled; counted dropped",
+                          self.name, n, table)
 
     def stats(self) -> SinkStats:
         dropped = dict(self.queue_dropped)
