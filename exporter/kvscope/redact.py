@@ -5,9 +5,10 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit, urlunsplit
 
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/@\s:]*):([^/\s]*)@")
-"""user:password@ up to the authority's last @, as urlsplit reads it: a password may hold
-an @ its owner did not percent-encode (``u:p@ss@host``), and it all goes."""
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/@\s:]*):(\S*)@")
+"""user:password@ up to the last @ before a space: a password may hold an @, # ? or / its
+owner did not percent-encode (``u:p@ss@host``, ``u:p#ss@host``), and it all goes (with a
+path's, should one hold an @ too: hiding more is the safe side)."""
 _SECRET_PARAM = re.compile(
     r"(?i)\b(password|passwd|pass|pwd|secret|access_token|token|api_key|apikey)=([^&\s]+)")
 

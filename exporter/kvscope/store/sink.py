@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from kvscope.redact import redact
 from kvscope.rows import TABLES
@@ -62,7 +62,19 @@ class Target:
     @classmethod
     def parse(cls, dsn: str) -> Target:
         parts = urlsplit(dsn)
+        secret = _raw_password(dsn)
+        netloc_userinfo = parts.netloc.rpartition("@")[0]
+        if secret is not None and (secret != (parts.password or "")
+                                   or any(c.isspace() for c in netloc_userinfo)):
+            # urlsplit ended the authority inside the password (at # ? /), so the text it
+            # would show as host, port or database is a piece of the password: echo none.
+            raise ValueError("ClickHouse DSN: percent-encode special characters in the "
+                             "password (# ? / space as %23 %3F %2F %20)")
         safe = redact(dsn)
+        try:
+            parts.port  # noqa: B018 - raises on a port that is not a number
+        except ValueError:
+            raise ValueError(f"ClickHouse DSN {safe!r}: the port must be a number") from None
         if parts.scheme == "chdb":
             if parts.netloc or not parts.path.startswith("/"):
                 raise ValueError(f"chDB DSN {safe!r} must be chdb:///absolute/path")
@@ -76,7 +88,16 @@ class Target:
 
     def scrub(self, text: str) -> str:
         text = redact(text)
-        return text.replace(self.secret, "***") if self.secret else text
+        for secret in {self.secret, unquote(self.secret)} - {""}:
+            text = text.replace(secret, "***")
+        return text
+
+
+def _raw_password(dsn: str) -> str | None:
+    """The password as written: after the first : of what follows ``scheme://``, up to
+    the last @ of the DSN (the greedy reading ``redact`` uses); None without one."""
+    m = re.match(r"(?s)[A-Za-z][A-Za-z0-9+.-]*://([^@]*:.*)@", dsn)
+    return m[1].partition(":")[2] if m else None
 
 
 def default_spool_dir(target: Target) -> str:
