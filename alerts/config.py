@@ -113,6 +113,8 @@ class Config:
     sink_unsent_age_s: int = 600
     """A growing spool alerts only once its oldest unsent row is older than this."""
     sink_spool_for: str = "15m"
+    sink_dropped_window: str = "10m"
+    """A sink that dropped any row within this window alerts."""
     sidecar_cpu_cores: float = 0.5
     """The sidecar's own CPU (every thread) above which it alerts: five times what eight
     busy engines cost it (issue 25's target of a tenth of a core, benchmarks/README.md)."""

@@ -268,6 +268,22 @@ def sink_alerts(cfg: Config) -> list[Rule]:
             dashboard=cfg.dashboards.blocks,
             per_engine=False,
         ),
+        alert(
+            cfg,
+            # No `for`: a full spool under drop_oldest is flat (SpoolGrowing goes quiet just
+            # as rows drop), a queue overflow records no error, a rejected batch is one error.
+            "KVScopeSinkRowsDropped",
+            f"sum by ({by}) (increase({q.m('kvscope_sink_rows_dropped_total')}"
+            f"[{cfg.sink_dropped_window}])) > 0",
+            severity="warning",
+            summary="A kvscope sink dropped rows it will never deliver.",
+            description=f"{SINK} dropped rows in the last {cfg.sink_dropped_window} "
+            "(kvscope_sink_rows_dropped_total by table says which): a full spool, a queue "
+            "overflow, a batch the store refused for good, or rows left in memory at "
+            "shutdown. Those rows are missing from the store for good.",
+            dashboard=cfg.dashboards.blocks,
+            per_engine=False,
+        ),
     ]
 
 

@@ -49,6 +49,8 @@ QUIET = {
     "equal to it",
     "KVScopeSinkWriteErrors[warning]": "the embedded chDB store accepts every batch",
     "KVScopeSinkSpoolGrowing[warning]": "nothing is spooled while the store accepts batches",
+    "KVScopeSinkRowsDropped[warning]": "the store accepts every batch and the spool never "
+    "fills, so no row is dropped",
     "KVScopeSidecarCPUHigh[warning]": "one engine costs the sidecar about a twentieth of a "
     "core, a tenth of the threshold",
     "KVScopeRequestNeverFits[critical]": "every request fits the pool: vLLM (and the twin) "
