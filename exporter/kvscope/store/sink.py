@@ -44,6 +44,10 @@ they force no more than one insert a second per table."""
 FRESH_WAIT_S = 2.0
 """How long ``fresh`` waits for that flush (a slow or absent store: the reader reads what
 the store has)."""
+READ_WAIT_S = 1.0
+"""How long a read through the sidecar's API waits for the sink's lock, which the sending
+thread holds while it connects and applies the DDL (a minute a statement at worst): then
+the read fails (the API answers 503) instead of queueing behind it."""
 
 
 
@@ -186,9 +190,13 @@ class ClickHouseSink:
         return embedded.connect(self.target.dsn, False, connect_timeout=5,
                                 send_receive_timeout=60, autogenerate_session_id=False)
 
-    def client(self) -> Any:
-        """A connected client with the schema applied (connects on first use)."""
-        with self._lock:
+    def client(self, wait_s: float | None = None) -> Any:
+        """A connected client with the schema applied (connects on first use). With
+        ``wait_s`` (a reader), ``StoreUnavailable`` when another thread holds the lock
+        (connecting) that long."""
+        if not self._lock.acquire(timeout=-1 if wait_s is None else wait_s):
+            raise StoreUnavailable("the sink is still connecting to its store")
+        try:
             if self._client is None:
                 client = self._connect()
                 try:
@@ -199,11 +207,13 @@ class ClickHouseSink:
                 self._client = client
                 self._ddl_runs += 1
             return self._client
+        finally:
+            self._lock.release()
 
     def reader(self) -> Any:
         """A new client on the store's database for reading (the caller closes it); the
         writer's client stays the sink's own."""
-        self.client()  # the schema is applied first
+        self.client(READ_WAIT_S)  # the schema is applied first
         return embedded.connect(self.target.dsn, bool(self.target.chdb_path),
                                 database=self.database)
 
@@ -211,13 +221,13 @@ class ClickHouseSink:
         """Deliver the rows taken so far before a read through the sidecar's API (waiting
         at most ``FRESH_WAIT_S``): ``kvscope explain`` answers for a request that ended a
         moment ago, and the layout history has the last samples, whatever
-        ``batch_interval_s`` is. At most one flush each ``FRESH_GAP_S``; a reader in that
-        gap waits for the running flush and reads what it delivered."""
+        ``batch_interval_s`` is. At most one flush each ``FRESH_GAP_S`` after the last one
+        ended; a reader that waited for a running flush reads what it delivered, so a burst
+        of readers costs one flush, however long it took."""
         with self._fresh_lock:
-            now = time.monotonic()
-            if now - self._fresh_at >= FRESH_GAP_S:
-                self._fresh_at = now
+            if time.monotonic() - self._fresh_at >= FRESH_GAP_S:
                 self.delivery.flush(FRESH_WAIT_S)
+                self._fresh_at = time.monotonic()  # stamped after: the waiters skip
 
     def fresh_reader(self) -> Any:
         """``reader()`` after ``fresh()``."""
@@ -225,9 +235,10 @@ class ClickHouseSink:
         return self.reader()
 
     def fresh_client(self) -> Any:
-        """``client()`` after ``fresh()``."""
+        """``client()`` after ``fresh()``, failing rather than waiting ``READ_WAIT_S`` for
+        the sending thread's connect."""
         self.fresh()
-        return self.client()
+        return self.client(READ_WAIT_S)
 
     def _drop_client(self) -> None:
         if self._client is not None:
