@@ -43,6 +43,20 @@ def test_a_32k_context_server_is_rebuilt_as_it_ran() -> None:
         async_scheduling=True, num_speculative_tokens=0, max_position_embeddings=32768)
 
 
+def test_a_step_budget_below_the_batch_is_carried_and_checked_as_vllm_does() -> None:
+    """The hello's token_budget is vLLM's max_num_scheduled_tokens: carried as the
+    ``scheduled_tokens`` key where it differs from max_num_batched_tokens, left out
+    (vLLM's default) where it does not; SchedulerConfig's bound (at least 1) checked."""
+    got = from_config(row(token_budget=6144))
+    assert "budget:8192,scheduled_tokens:6144,policy" in got.spec
+    assert got.config().max_num_scheduled_tokens == 6144
+    same = from_config(row(token_budget=8192))
+    assert "scheduled_tokens" not in same.spec
+    assert same.config().max_num_scheduled_tokens is None
+    (error,) = TwinConfig(max_num_scheduled_tokens=0).validate()
+    assert error == "max_num_scheduled_tokens must be at least 1, got 0."
+
+
 def test_sliding_window_groups_carry_their_window() -> None:
     got = from_config(row(kv_group_kinds=[SLIDING, SLIDING, FULL],
                           kv_group_block_sizes=[16, 16, 16], kv_group_windows=[512, 512, 0],

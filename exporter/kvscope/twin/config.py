@@ -46,7 +46,13 @@ class TwinConfig:
     """Most requests running at once (``--max-num-seqs``)."""
 
     max_num_batched_tokens: int = 512
-    """Token budget of one step (``--max-num-batched-tokens``)."""
+    """Tokens the model runner takes in one step (``--max-num-batched-tokens``); the
+    scheduler's budget too unless ``max_num_scheduled_tokens`` is set."""
+
+    max_num_scheduled_tokens: int | None = None
+    """Token budget the scheduler fills each step (``--max-num-scheduled-tokens``,
+    vLLM's ``Scheduler.max_num_scheduled_tokens``, a probe hello's ``token_budget``).
+    None: vLLM's default, ``max_num_batched_tokens``."""
 
     max_model_len: int = 1024
     """Longest prompt plus output (``--max-model-len``)."""
@@ -125,6 +131,11 @@ class TwinConfig:
             errors.append(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
                 f"max_num_seqs ({self.max_num_seqs}), as vLLM requires."
+            )
+        if self.max_num_scheduled_tokens is not None and self.max_num_scheduled_tokens < 1:
+            errors.append(  # SchedulerConfig's own bound (ge=1)
+                f"max_num_scheduled_tokens must be at least 1, got "
+                f"{self.max_num_scheduled_tokens}."
             )
         if not 1 <= self.max_model_len <= self.max_position_embeddings:
             whose = ("the tiny model's positions; --model names a served model's"

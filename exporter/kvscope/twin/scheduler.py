@@ -68,6 +68,7 @@ def vllm_config(cfg: TwinConfig, model_dir: Path | None = None) -> VllmConfig:
     scheduler = SchedulerConfig(
         max_num_seqs=cfg.max_num_seqs,
         max_num_batched_tokens=cfg.max_num_batched_tokens,
+        max_num_scheduled_tokens=cfg.max_num_scheduled_tokens,
         max_model_len=cfg.max_model_len,
         policy=cfg.policy,
         enable_chunked_prefill=True,

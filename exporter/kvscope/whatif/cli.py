@@ -45,6 +45,9 @@ _AXIS_HELP = {
     "kv_bytes": "KV memory (e.g. 1.5MiB): blocks = bytes // (bytes-per-token * block_size)",
     "max_seqs": "most requests running at once (default 32)",
     "budget": "token budget per step, max_num_batched_tokens (default 512)",
+    "scheduled_tokens": "vLLM's --max-num-scheduled-tokens: the tokens the scheduler "
+                        "fills each step, when fewer than the budget (default auto: the "
+                        "budget)",
     "policy": "fcfs or priority (default fcfs)",
     "prefix_caching": "on or off (default on)",
     "layout": f"the model's KV layout: {', '.join(LAYOUTS)} (default full)",

@@ -2,17 +2,19 @@
 (table ``engine_configs``): what ``kvscope explain --counterfactual engine`` replays the
 window under, with nothing typed by hand.
 
-The pool (blocks, block size), the scheduler's limits (max_num_seqs, the token budget,
-max_model_len, policy, prefix caching), its kind (``AsyncScheduler`` or not), the
-speculative tokens and the blocks ``--watermark`` holds back come across as they are, and
-so do the KV cache groups, group for group: the twin builds one stand-in layer per group
-(``TwinConfig.groups``) where the engine's groups are not a layout's own stand-in's, and
-vLLM's planner groups those layers back into exactly the engine's groups (it makes the
-least numerous kind of layer one group, so a layer per group is a group per layer: a
-Gemma 3 12B's five sliding-window groups and one full group stay six tables a request).
-What the twin cannot build is refused with the reason, never matched to the nearest: a
-kind of group it has no stand-in for (MLA, chunked local attention, ...), groups of
-several block sizes or sliding windows, or a grouping vLLM's planner does not make.
+The pool (blocks, block size), the scheduler's limits (max_num_seqs,
+max_num_batched_tokens and the token budget each step is scheduled with, vLLM's
+max_num_scheduled_tokens where it is smaller; max_model_len, policy, prefix caching),
+its kind (``AsyncScheduler`` or not), the speculative tokens and the blocks
+``--watermark`` holds back come across as they are, and so do the KV cache groups, group
+for group: the twin builds one stand-in layer per group (``TwinConfig.groups``) where
+the engine's groups are not a layout's own stand-in's, and vLLM's planner groups those
+layers back into exactly the engine's groups (it makes the least numerous kind of layer
+one group, so a layer per group is a group per layer: a Gemma 3 12B's five
+sliding-window groups and one full group stay six tables a request). What the twin
+cannot build is refused with the reason, never matched to the nearest: a kind of group
+it has no stand-in for (MLA, chunked local attention, ...), groups of several block
+sizes or sliding windows, or a grouping vLLM's planner does not make.
 """
 
 from __future__ import annotations
@@ -118,6 +120,10 @@ def from_config(row: Mapping[str, Any]) -> EngineSettings:
              ("layout", layout)]
     if groups:
         pairs.append(("groups", format_groups(groups)))
+    budget = int(row.get("token_budget") or row["max_num_batched_tokens"])
+    if budget != int(row["max_num_batched_tokens"]):
+        # vLLM budgets a step by max_num_scheduled_tokens (the hello's token_budget)
+        pairs.insert(4, ("scheduled_tokens", budget))
     if windows:
         pairs.append(("sliding_window", windows.pop()))
     pairs += [("async_scheduling", on[bool(row["async_scheduling"])]),

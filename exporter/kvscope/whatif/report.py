@@ -36,6 +36,7 @@ def record(s: Setting, m: Measurement) -> dict[str, Any]:
         "setting": s.name, "capacity": s.capacity, "block_size": c.block_size,
         "num_blocks": c.num_blocks, "usable_kv_tokens": (c.num_blocks - 1) * c.block_size,
         "max_num_seqs": c.max_num_seqs, "max_num_batched_tokens": c.max_num_batched_tokens,
+        "max_num_scheduled_tokens": c.max_num_scheduled_tokens or c.max_num_batched_tokens,
         "policy": c.policy, "prefix_caching": c.enable_prefix_caching,
         "layout": c.layout, "groups": format_groups(c.groups),
         "sliding_window": c.sliding_window,
@@ -69,7 +70,8 @@ ROWS: list[Row] = [
     ("pool blocks (null block included)", lambda r: str(r["num_blocks"])),
     ("pool token slots (usable blocks x block size)", lambda r: str(r["usable_kv_tokens"])),
     ("max seqs", lambda r: str(r["max_num_seqs"])),
-    ("token budget per step", lambda r: str(r["max_num_batched_tokens"])),
+    ("token budget per step", lambda r: str(r.get("max_num_scheduled_tokens",
+                                                  r["max_num_batched_tokens"]))),
     ("policy", lambda r: r["policy"]),
     ("prefix caching", lambda r: "on" if r["prefix_caching"] else "off"),
     ("KV layout", lambda r: r["layout"] + (f" ({r['sliding_window']})" if "sliding"

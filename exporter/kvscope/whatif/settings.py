@@ -21,7 +21,8 @@ from kvscope.models.config import llama_config
 from kvscope.twin.config import GROUP_KINDS, LAYOUTS, POLICIES, TwinConfig
 
 CAPACITY_KEYS = ("blocks", "kv_tokens", "kv_bytes")
-KEYS = ("block_size", *CAPACITY_KEYS, "max_seqs", "budget", "policy", "prefix_caching",
+KEYS = ("block_size", *CAPACITY_KEYS, "max_seqs", "budget", "scheduled_tokens",
+        "policy", "prefix_caching",
         "layout", "groups", "sliding_window", "async_scheduling", "spec_tokens", "watermark")
 MAX_SETTINGS = 32
 _BOOLS = {"on": True, "true": True, "yes": True, "1": True,
@@ -53,6 +54,12 @@ def _positive(text: str) -> int:
     if value < 1:
         raise ValueError(f"must be a positive integer, got {text!r}")
     return value
+
+
+def _scheduled(text: str) -> int | None:
+    """``auto`` (vLLM's default: the budget, ``max_num_batched_tokens``) or a positive
+    count, as ``--max-num-scheduled-tokens`` takes it."""
+    return None if text == "auto" else _positive(text)
 
 
 def _policy(text: str) -> str:
@@ -116,6 +123,7 @@ def _bool(text: str) -> bool:
 PARSERS: dict[str, Callable[[str], Any]] = {
     "block_size": _positive, "blocks": _positive, "kv_tokens": _positive,
     "kv_bytes": parse_bytes, "max_seqs": _positive, "budget": _positive,
+    "scheduled_tokens": _scheduled,
     "policy": _policy, "prefix_caching": _bool, "layout": _layout, "groups": parse_groups,
     "sliding_window": _positive, "async_scheduling": _bool, "spec_tokens": _count,
     "watermark": _fraction,
@@ -143,7 +151,8 @@ def _config(raw: dict[str, str], base: TwinConfig, bytes_per_token: int,
     if len(values) != len(raw):
         return None
     cfg = replace(base, block_size=values["block_size"], max_num_seqs=values["max_seqs"],
-                  max_num_batched_tokens=values["budget"], policy=values["policy"],
+                  max_num_batched_tokens=values["budget"],
+                  max_num_scheduled_tokens=values["scheduled_tokens"], policy=values["policy"],
                   enable_prefix_caching=values["prefix_caching"], layout=values["layout"],
                   groups=values["groups"],
                   sliding_window=values["sliding_window"],
@@ -207,7 +216,10 @@ def build(axes: dict[str, list[str]], named: list[str], *, max_model_len: int,
     base = TwinConfig(max_model_len=max_model_len, **(model or {}))
     axes = {k: _valid(k, v, errors) for k, v in axes.items()}
     defaults = {"block_size": str(base.block_size), "max_seqs": str(base.max_num_seqs),
-                "budget": str(base.max_num_batched_tokens), "policy": base.policy,
+                "budget": str(base.max_num_batched_tokens),
+                "scheduled_tokens": ("auto" if base.max_num_scheduled_tokens is None
+                                     else str(base.max_num_scheduled_tokens)),
+                "policy": base.policy,
                 "prefix_caching": "on" if base.enable_prefix_caching else "off",
                 "layout": base.layout, "groups": format_groups(base.groups),
                 "sliding_window": str(base.sliding_window),
