@@ -230,3 +230,43 @@ def test_safe_concurrency_replays_the_recorded_client(
     assert rc == 0
     doc = json.loads(out)
     assert doc["client"] is None and doc["max_delay_steps"] == MAX_DELAY_STEPS
+
+
+def quoted(record: dict[str, object]) -> dict[str, object]:
+    """A record as ClickHouse's ``FORMAT JSONEachRow`` prints it: Int64 and UInt64
+    quoted (``output_format_json_quote_64bit_integers``, on by default)."""
+    return {k: str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+            for k, v in record.items()}
+
+
+def test_a_clickhouse_export_with_quoted_integers_is_checked_as_written(
+        recorded: tuple[Path, list[dict[str, object]]],
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """ClickHouse quotes 64-bit integers: ``load`` converted arrival_step and kept
+    admitted_step a string, so ``figures`` compared ``"9" > 4`` and ``--baseline`` died
+    with a TypeError after the baseline run. Every step and outcome key is an int once
+    loaded, and the gate reads the quoted file exactly as the unquoted one."""
+    from kvscope.whatif.replay import ReplayError, load
+
+    _, records = recorded
+    path = tmp_path / "quoted.jsonl"
+    path.write_text("".join(json.dumps(quoted(r)) + "\n" for r in records))
+    kept = load(path, seed=0, step_ms=20.0, max_model_len=1024).records
+    assert figures(kept, 47) == figures(records, 47)
+    keys = ("arrival_step", "admitted_step", "finished_step", "preempt_count",
+            "recomputed_tokens", "min_free_blocks")
+    assert [[r[k] for k in keys] for r in kept] == [[r[k] for k in keys] for r in records]
+    rc, out, _ = cli(capsys, "--replay", str(path), "--baseline", "blocks:48",
+                     "--blocks", "40", "--seed", "3", "--format", "json")
+    assert rc == 0
+    fid = json.loads(out)["fidelity"]
+    assert fid["trusted"] is True
+    assert {n: f["recorded"] for n, f in fid["figures"].items()} == {
+        n: figures(records, 47).get(n) for n in FIGURES}
+
+    bad = dict(quoted(records[0]), admitted_step="nine", preempt_count="1.5")
+    path.write_text(json.dumps(bad) + "\n")
+    with pytest.raises(ReplayError) as info:
+        load(path, seed=0, step_ms=20.0, max_model_len=1024)
+    assert info.value.errors == ["line 1: admitted_step must be an integer, got 'nine'",
+                                 "line 1: preempt_count must be an integer, got '1.5'"]

@@ -18,7 +18,8 @@ table replay as they are. Recognised keys:
   requests of one group start with the same first ``prefix_len`` tokens.
 - ``priority`` (int, default 0; lower is served first under the priority policy).
 - outcomes, as the saved query ``replay_traffic`` writes them: ``preempt_count``,
-  ``recomputed_tokens``, ``admitted_step``, ``min_free_blocks``. A file with all four is
+  ``recomputed_tokens``, ``admitted_step``, ``min_free_blocks`` (integers >= 0, quoted
+  or not, as are ``finished_step`` and ``cached_tokens``; null: unknown). A file with all four is
   a recorded run: ``--baseline`` checks the twin against it (``kvscope.whatif.recorded``).
   Records of one step replay in file order, which ``replay_traffic`` makes vLLM's queue
   order; ``engine`` (optional) must be one value per file.
@@ -42,6 +43,11 @@ from kvscope.twin.workload import TOKEN_ID_MAX, TOKEN_ID_MIN, TwinRequest
 
 MAX_ERRORS_SHOWN = 20
 _CLOCKS = ("arrival_step", "arrival_s", "arrival_ts")
+COUNT_KEYS = ("admitted_step", "finished_step", "preempt_count", "recomputed_tokens",
+              "min_free_blocks", "cached_tokens")
+"""Integer keys kept for ``kvscope.whatif.recorded`` and the recorded client, converted
+to int on load: ClickHouse's JSONEachRow quotes 64-bit integers (``"9"``), and a quoted
+step compared with an int one fails (``arrival_step`` is converted as the arrival)."""
 
 
 class ReplayError(ValueError):
@@ -173,7 +179,8 @@ def load(path: Path, *, seed: int, step_ms: float, max_model_len: int,
         output = _output_len(rec, errors)
         priority = _int(rec, "priority", -(2**31), errors) or 0
         prefix = _prefix(rec, prompt, errors)
-        if prompt is None or output is None:
+        counts = _counts(rec, errors)
+        if prompt is None or output is None or counts is None:
             continue
         if prompt >= max_model_len:
             errors.append(f"{rec['_where']}: prompt_len {prompt} leaves no room for output "
@@ -188,7 +195,8 @@ def load(path: Path, *, seed: int, step_ms: float, max_model_len: int,
         tokens += _tokens(rng, prompt - len(tokens))
         requests.append(TwinRequest(f"q{len(requests)}", tuple(tokens), output, priority,
                                     arrivals[i]))
-        kept.append({k: v for k, v in rec.items() if k != "_where"} | {"arrival_step": arrivals[i]})
+        kept.append({k: v for k, v in rec.items() if k != "_where"} | counts
+                    | {"arrival_step": arrivals[i], "priority": priority})
     engines = {str(r["engine"]) for r in records if r.get("engine") not in (None, "")}
     if len(engines) > 1:
         errors.append(f"records of {len(engines)} engines ({', '.join(sorted(engines))}): "
@@ -196,6 +204,14 @@ def load(path: Path, *, seed: int, step_ms: float, max_model_len: int,
     if errors:
         raise ReplayError(errors)
     return Replay(requests, _notes(records, requests, max_model_len), kept)
+
+
+def _counts(rec: dict[str, Any], errors: list[str]) -> dict[str, int | None] | None:
+    """``COUNT_KEYS`` of ``rec`` as ints (null: None), None after reporting any that is
+    not an integer >= 0."""
+    before = len(errors)
+    got = {k: _int(rec, k, 0, errors) for k in COUNT_KEYS if k in rec}
+    return got if len(errors) == before else None
 
 
 def _prefix(rec: dict[str, Any], prompt: int | None,
