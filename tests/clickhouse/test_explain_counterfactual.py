@@ -106,3 +106,52 @@ def test_a_failing_gate_shows_no_alternatives(run: Run,  # noqa: F811
     assert got["fidelity"]["failing"]
     text = render_text.render(body)
     assert "the fidelity gate FAILS" in text and "no counterfactual is shown" in text
+
+
+@pytest.fixture(scope="module")
+def smallest(chdb_dsn: str, twin_runner: Any, tmp_path_factory: pytest.TempPathFactory,
+             request: pytest.FixtureRequest) -> Iterator[tuple[str, str, list[RequestTrace]]]:
+    """A server on the smallest pool vLLM starts with: 33 blocks of 32 hold exactly one
+    max_model_len (1024) request."""
+    from kvscope.twin import TwinConfig, WorkloadSpec, generate
+    from kvscope.twin.probed import ProbedTwin
+
+    db = database_name(request.node.nodeid) + "_smallest"
+    sink = ClickHouseSink(chdb_dsn, database=db, options=FAST,
+                          spool_dir=str(tmp_path_factory.mktemp("spool")))
+    manager = SinkManager([sink])
+    rows: list[Any] = []
+    pt = ProbedTwin(TwinConfig(num_blocks=33), seed=3)
+    pt.hub.listeners.append(RequestTracker(lambda r: (rows.append(r), manager.emit(r))).on_event)
+    pt.run(generate(WorkloadSpec(n_requests=30, seed=3, shared_prefix_fraction=0.0)))
+    assert sink.flush(60)
+    manager.close()
+    yield chdb_dsn, db, [r for r in rows if isinstance(r, RequestTrace)]
+
+
+def test_an_alternative_vllm_would_refuse_is_reported_not_run(
+        smallest: tuple[str, str, list[RequestTrace]],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """"2x block size" halves the blocks: 16 blocks of 64 hold 960 tokens, fewer than
+    max_model_len, and building the twin raised; explain turned that into exit 1 ("the
+    store failed") and the whole explanation was lost though the gate passed. The
+    alternative is reported as vLLM's refusal, the others are run."""
+    from kvscope.twin import TwinConfig
+
+    dsn, db, traces = smallest
+    t = worst(traces)
+    assert cli.main(["explain", t.request_id, "--dsn", dsn, "--database", db,
+                     "--counterfactual", "blocks:33", "--window", "3600",
+                     "--format", "json"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    jsonschema.validate(body, render_json.schema())
+    got = body["engine_requests"][0]["counterfactual"]
+    assert got["fidelity"]["trusted"], got["fidelity"]
+    (why,) = TwinConfig(block_size=64, num_blocks=16).validate()
+    by_name = {a["setting"]: a for a in got["alternatives"]}
+    assert list(by_name) == ["1.5x blocks", "max_seqs / 2", "priority policy", "2x block size"]
+    assert by_name["2x block size"] == {"setting": "2x block size", "preemptions": None,
+                                        "latency_steps": None, "refused": why}
+    assert all(a["preemptions"] is not None and "refused" not in a
+               for a in got["alternatives"][:3])
+    assert f"    2x block size    vLLM would refuse: {why}" in render_text.render(body)

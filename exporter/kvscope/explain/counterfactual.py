@@ -45,7 +45,8 @@ def window_records(client: Any, engine: str, server: str, since: float,
 
 def alternatives(base: Any) -> list[tuple[str, Any]]:
     """The settings worth asking about, from the server's: a larger pool, fewer running
-    requests, priority scheduling, a larger block size at the same KV memory."""
+    requests, priority scheduling, a larger block size at the same KV memory. One may be
+    a pool vLLM refuses (``refusal``): ``counterfactual`` reports it, runs the others."""
     blocks = base.num_blocks + max(1, base.num_blocks // 2)
     out = [("1.5x blocks", replace(base, num_blocks=blocks)),
            ("max_seqs / 2", replace(base, max_num_seqs=max(1, base.max_num_seqs // 2),
@@ -108,9 +109,30 @@ def counterfactual(client: Any, engine: str, server: str, rid: str, *, queued_ts
     if not gate.trusted:
         return out
     for name, cfg in alternatives(base):
+        why = refusal(cfg)
+        if why is not None:
+            out["alternatives"].append({"setting": name, "preemptions": None,
+                                        "latency_steps": None, "refused": why})
+            continue
         out["alternatives"].append({"setting": name, **outcome_of(measure(cfg, replay.requests,
                                                                           seed=seed), twin_id)})
     return out
+
+
+def refusal(cfg: Any) -> str | None:
+    """Why vLLM would not start with ``cfg`` (an alternative near vLLM's smallest pool:
+    twice the block size at half the blocks can hold less than max_model_len), None when
+    it would: the twin's checks, then vLLM's own as the scheduler is built."""
+    from kvscope.twin.scheduler import build_scheduler
+
+    problems = cfg.validate()
+    if problems:
+        return " ".join(problems)
+    try:
+        build_scheduler(cfg)
+    except ValueError as exc:  # vLLM's check of the pool for the layout
+        return str(exc).removeprefix("invalid TwinConfig: ")
+    return None
 
 
 def outcome(rec: dict[str, Any]) -> dict[str, Any]:

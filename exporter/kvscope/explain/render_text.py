@@ -81,6 +81,9 @@ def counterfactual(cf: dict[str, Any]) -> list[str]:
                f"{rec['latency_steps']} steps; twin, server's settings: "
                f"{srv['preemptions']}, {srv['latency_steps']} steps")
     for a in cf["alternatives"]:
+        if a.get("refused"):
+            out.append(f"    {a['setting']:<16} vLLM would refuse: {a['refused']}")
+            continue
         out.append(f"    {a['setting']:<16} {a['preemptions']} preemptions, "
                    f"{a['latency_steps']} steps")
     return out
