@@ -160,7 +160,7 @@ def test_request_traces_rows_replay(tmp_path: Path) -> None:
     replay = load(path, seed=0, step_ms=25, max_model_len=1024)
     got = [(len(r.prompt_token_ids), r.max_tokens, r.arrival_step, r.priority)
            for r in replay.requests]
-    assert got == [(41, 32, 0, 0), (42, 64, 20, 0), (40, 32, 40, 0)]
+    assert got == [(41, 32, 0, 0), (42, 1, 20, 0), (40, 32, 40, 0)]  # 2: as far as it ran
     assert any("cannot be reconstructed" in n for n in replay.notes)
 
 
@@ -210,3 +210,23 @@ def test_the_watermark_is_an_axis_in_vllm_s_range() -> None:
     named = build({}, ["w=blocks:40,watermark:0.1"], max_model_len=1024, bytes_per_token=1,
                   errors=errors)
     assert named[0].config == TwinConfig(num_blocks=40, watermark=0.1)
+
+
+def test_a_request_aborted_before_its_first_token_replays_only_as_far_as_it_ran(
+        tmp_path: Path) -> None:
+    """A traced output_len of 0 (the client left while the request was queued) was replayed
+    as max_gen_len (max_tokens as the engine got it, often max_model_len - prompt): in the
+    twin it ran to full context and preempted what the server never preempted. It replays
+    with the one output token vLLM's least max_tokens asks for, and the notes count it."""
+    from kvscope.whatif.measure import measure
+
+    path = tmp_path / "aborted.jsonl"
+    path.write_text(json.dumps({"prompt_len": 100, "output_len": 50, "arrival_step": 0}) + "\n"
+                    + json.dumps({"prompt_len": 100, "output_len": 0, "max_gen_len": 924,
+                                  "arrival_step": 1}) + "\n")
+    replay = load(path, seed=0, step_ms=20, max_model_len=1024)
+    assert [r.max_tokens for r in replay.requests] == [50, 1]
+    assert ("1 request aborted before its first token (output_len 0) replayed with 1 "
+            "output token (vLLM's least max_tokens), not its max_gen_len") in replay.notes
+    m = measure(TwinConfig(num_blocks=33), replay.requests, seed=0)
+    assert (m.finished, m.preemptions_total) == (2, 0)

@@ -8,7 +8,8 @@ table replay as they are. Recognised keys:
 - ``prompt_len`` (required, int >= 1): prompt tokens, shared prefix included.
 - ``output_len`` (int >= 1), else ``max_tokens`` or ``max_gen_len`` (int >= 1): output
   tokens. The twin ignores EOS, so this is exactly what the request generates; a traced
-  ``output_len`` of 0 (aborted before its first token) falls back to ``max_gen_len``.
+  ``output_len`` of 0 (aborted before its first token) replays with one output token,
+  vLLM's least ``max_tokens``, and the notes count such requests.
 - arrival, one clock per file: ``arrival_step`` (int >= 0, scheduler steps),
   ``arrival_s`` (seconds, any origin) or ``arrival_ts`` (epoch seconds, or a
   ``YYYY-MM-DD hh:mm:ss[.fff]`` UTC time as ClickHouse prints ``DateTime64``). Seconds
@@ -142,18 +143,24 @@ def _arrival(rec: dict[str, Any], clock: str, errors: list[str]) -> float | None
     return _seconds(rec, clock, errors)
 
 
+ABORTED_OUTPUT = 1
+"""Output tokens a request aborted before its first token (a traced ``output_len`` of 0)
+replays with: vLLM's least ``max_tokens``. It ran no further; its ``max_gen_len`` (what
+the engine would have allowed, often max_model_len - prompt) would run it to full
+context in the twin and preempt what the server never preempted."""
+
+
 def _output_len(rec: dict[str, Any], errors: list[str]) -> int | None:
     out = _int(rec, "output_len", 0, errors)
     if out:
         return out
+    if out == 0:
+        return ABORTED_OUTPUT
     for key in ("max_tokens", "max_gen_len"):
         limit = _int(rec, key, 1, errors)
         if limit is not None:
             return limit
-    if out is None:
-        errors.append(f"{rec['_where']}: needs output_len, max_tokens or max_gen_len")
-    else:
-        errors.append(f"{rec['_where']}: output_len is 0 and no max_tokens or max_gen_len")
+    errors.append(f"{rec['_where']}: needs output_len, max_tokens or max_gen_len")
     return None
 
 
@@ -173,6 +180,7 @@ def load(path: Path, *, seed: int, step_ms: float, max_model_len: int,
     prefixes: dict[str, list[int]] = {}
     requests: list[TwinRequest] = []
     kept: list[dict[str, Any]] = []
+    aborted = 0  # replayed with ABORTED_OUTPUT tokens
     for i in order:
         rec = records[i]
         prompt = _int(rec, "prompt_len", 1, errors)
@@ -195,6 +203,7 @@ def load(path: Path, *, seed: int, step_ms: float, max_model_len: int,
         tokens += _tokens(rng, prompt - len(tokens))
         requests.append(TwinRequest(f"q{len(requests)}", tuple(tokens), output, priority,
                                     arrivals[i]))
+        aborted += _int(rec, "output_len", 0, []) == 0
         kept.append({k: v for k, v in rec.items() if k != "_where"} | counts
                     | {"arrival_step": arrivals[i], "priority": priority})
     engines = {str(r["engine"]) for r in records if r.get("engine") not in (None, "")}
@@ -203,7 +212,7 @@ def load(path: Path, *, seed: int, step_ms: float, max_model_len: int,
                       "steps count per engine, replay one (replay_traffic --param engine=)")
     if errors:
         raise ReplayError(errors)
-    return Replay(requests, _notes(records, requests, max_model_len), kept)
+    return Replay(requests, _notes(records, requests, max_model_len, aborted), kept)
 
 
 def _counts(rec: dict[str, Any], errors: list[str]) -> dict[str, int | None] | None:
@@ -231,7 +240,7 @@ def _prefix(rec: dict[str, Any], prompt: int | None,
 
 
 def _notes(records: list[dict[str, Any]], requests: list[TwinRequest],
-           max_model_len: int) -> list[str]:
+           max_model_len: int, aborted: int) -> list[str]:
     notes = ["prompts are synthetic token IDs of the recorded lengths (kvscope stores no "
              "prompt text)"]
     if not any(r.get("prefix_group") not in (None, "") for r in records):
@@ -241,6 +250,11 @@ def _notes(records: list[dict[str, Any]], requests: list[TwinRequest],
                      "from traces, so replayed requests share no prefix-cache blocks"
                      + (f"; {hits} recorded requests had prefix-cache hits, where the replay "
                         "may part from the server" if hits else ""))
+    if aborted:
+        notes.append(f"{aborted} request{'s' if aborted > 1 else ''} aborted before "
+                     f"{'their' if aborted > 1 else 'its'} first token (output_len 0) "
+                     f"replayed with {ABORTED_OUTPUT} output token (vLLM's least max_tokens), "
+                     f"not {'their' if aborted > 1 else 'its'} max_gen_len")
     capped = sum(1 for r in requests
                  if len(r.prompt_token_ids) + r.max_tokens > max_model_len)
     if capped:
