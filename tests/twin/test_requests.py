@@ -222,3 +222,43 @@ def test_a_victims_blocks_are_the_ones_it_held_not_its_null_placeholders() -> No
     got = [e.blocks for e in rows if isinstance(e, RequestEvent) and e.event == "preempted"]
     assert got == [held for _, held in truth] and len(got) >= 2
     assert any(entries > held for entries, held in truth)  # a victim held placeholders
+
+
+def test_a_prefix_cache_reset_preempts_before_the_step_that_resumes_its_victims() -> None:
+    """vLLM's ``reset_prefix_cache(reset_running_requests=True)`` preempts every running
+    request outside ``schedule()``, and the next ``schedule()`` resumes them: one probe
+    step record carries both. The tracker heard the step (the resume) before the
+    preemption, so the resume recomputed 0 tokens and the preemption then set the
+    running request's blocks to 0: its next allocations counted from there (1 where it
+    held 41). Every row's blocks are vLLM's at that step, and the recomputed tokens the
+    engine's."""
+    pt = ProbedTwin(TwinConfig(num_blocks=400), seed=3)
+    rows: list[object] = []
+    tracker = RequestTracker(rows.append)
+    pt.hub.listeners.append(tracker.on_event)
+    mgr = pt.rec.mgr
+    truth: dict[tuple[int, str], int] = {}  # (step, request): blocks vLLM gave it
+    resets: list[int] = []
+
+    def watch(i: int, out: Any) -> None:
+        step = pt.state.counters.steps
+        for rid in out.num_scheduled_tokens:
+            truth[step, rid] = sum(map(len, mgr.get_block_ids(rid)))
+        if i in (12, 40) and pt.scheduler.running:
+            resets.append(len(pt.scheduler.running))
+            assert pt.scheduler.reset_prefix_cache(reset_running_requests=True)
+
+    pt.run(generate(WorkloadSpec(n_requests=30, seed=3, waves=1)), on_step=watch)
+    tracker.flush(pt.hub.engines)
+    st = pt.state
+    n_pre = sum(st.counters.preemptions.values())
+    assert len(resets) == 2 and n_pre == sum(resets) > 0
+    events = [r for r in unrolled(rows) if isinstance(r, RequestEvent)]
+    grown = [e for e in events if e.event in ("admitted", "resumed", "allocated")]
+    assert [(e.step, e.request_id, e.total_blocks) for e in grown] == [
+        (e.step, e.request_id, truth[e.step, e.request_id]) for e in grown]
+    assert sum(e.event == "resumed" for e in events) == n_pre
+    resumes = [d for d in rows if isinstance(d, SchedulerDecision) and d.decision == "resume"]
+    assert len(resumes) == n_pre and all(d.tokens > 0 for d in resumes)
+    traces = [r for r in rows if isinstance(r, RequestTrace)]
+    assert sum(t.recomputed_tokens for t in traces) == st.counters.recomputed_tokens > 0

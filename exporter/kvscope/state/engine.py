@@ -246,7 +246,17 @@ class EngineState:
         self._track(s, now)
         for p in seen:
             self.recent_preemptions.append(p)
+        early: list[PreemptionSeen] = []
+        if seen and (s.new_reqs or s.resumed):
+            # A victim resumed in this step was preempted before its schedule(), by
+            # reset_prefix_cache(reset_running_requests=True) (0.32 scheduler.py 2858):
+            # a step that preempts resumes nothing (900). Listeners hear it first.
+            back = {r.req_id for r in s.new_reqs}.union(s.resumed)
+            early = [p for p in seen if p.fact.victim in back]
+            seen = [p for p in seen if p.fact.victim not in back]
         for fn in self.listeners:
+            for p in early:
+                fn("preemption", self, p)
             fn("step", self, s)
             for p in seen:
                 fn("preemption", self, p)
