@@ -307,3 +307,23 @@ def test_the_pool_at_a_step_is_read_from_the_requests_own_run(store_rows: Any) -
         ("b1", 4), ("b2", 3)]
     # recomputing ends as the step after the resume began: b2's end at step 30
     assert r["lost"]["recomputing"]["seconds"] == pytest.approx(0.3 - 0.25)
+
+
+def test_a_victim_preempted_and_resumed_in_one_step_is_read_in_that_order(
+        store_rows: Any) -> None:
+    """reset_prefix_cache(reset_running_requests=True) preempts running requests before
+    a schedule() that resumes them: one step holds both, in the same millisecond as
+    stored. The tie put the resume first: the preemption read as never resumed, out
+    until the request's end."""
+    t0 = 1_800_000_000.0
+    client = store_rows([
+        _ev("r", "queued", 1, t0), _ev("r", "admitted", 2, t0 + 0.1, blocks=4),
+        _ev("r", "preempted", 6, t0 + 0.5001, blocks=4, detail="requester= blocks_needed=-1"),
+        _ev("r", "resumed", 6, t0 + 0.5003, blocks=4),
+        _ev("r", "finished", 9, t0 + 0.9)])
+    (r,) = answer.explain(client, "r")["engine_requests"]
+    assert [e["event"] for e in r["timeline"]] == [
+        "queued", "admitted", "preempted", "resumed", "finished"]
+    (p,) = r["preemptions"]
+    assert p["resumed"] == {"ts": t0 + 0.5, "step": 6}
+    assert r["lost"]["preempted"] == {"seconds": 0.0, "steps": 0}

@@ -60,11 +60,15 @@ def _rows(client: Any, sql: str, params: dict[str, Any], cols: tuple[str, ...]) 
 
 def events(client: Any, where: str, params: dict[str, Any], limit: int = 0) -> list[dict]:
     """Lifecycle events matching ``where`` (SQL over request_events' columns), in the
-    order they happened: by step, then time, then the tracker's order within a step. Read
-    through ``request_events_all``: the lifecycle rows and each allocation unrolled."""
+    order they happened: by step, then time, then the order within a step. A step's
+    preemptions precede its admissions, resumes and allocations (the probe stamps those
+    with the step's time, at the end of its ``schedule()``; a preemption happened in it,
+    or before it: ``reset_prefix_cache`` preempts what that ``schedule()`` resumes), so a
+    millisecond tie puts ``preempted`` first. Read through ``request_events_all``: the
+    lifecycle rows and each allocation unrolled."""
     return _rows(client, "SELECT {cols} FROM request_events_all WHERE " + where
-                 + " ORDER BY step, ts, indexOf(['queued', 'admitted', 'resumed', "
-                   "'allocated', 'preempted', 'finished', 'aborted'], event)"
+                 + " ORDER BY step, ts, indexOf(['queued', 'preempted', 'admitted', "
+                   "'resumed', 'allocated', 'finished', 'aborted'], event)"
                  + (f" LIMIT {int(limit)}" if limit else ""), params, EVENT_COLUMNS)
 
 
