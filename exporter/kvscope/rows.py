@@ -110,7 +110,8 @@ class RequestAllocations:
     offset_ms: list[int]
     """Each allocation's time in milliseconds after ``ts`` (the store keeps ms)."""
     blocks: list[int]
-    """Blocks each allocation added."""
+    """Blocks each allocation added; negative: blocks a sliding-window group gave back
+    (they left its window), so ``total_blocks`` follows what the request holds."""
     total_blocks: list[int]
     free_blocks: list[int]
     tokens: list[int]

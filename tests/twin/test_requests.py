@@ -262,3 +262,43 @@ def test_a_prefix_cache_reset_preempts_before_the_step_that_resumes_its_victims(
     assert len(resumes) == n_pre and all(d.tokens > 0 for d in resumes)
     traces = [r for r in rows if isinstance(r, RequestTrace)]
     assert sum(t.recomputed_tokens for t in traces) == st.counters.recomputed_tokens > 0
+
+
+def test_blocks_a_sliding_window_gave_back_leave_the_requests_stored_holding() -> None:
+    """vLLM lets go of a sliding-window group's blocks that left the window
+    (remove_skipped_blocks) while the request runs on; the tracker counted them off but
+    wrote a row only when the request grew, so the stored holding (the total blocks of a
+    request's last event, what explain's holders read) kept blocks it had given back.
+    After every step the stored holding of each running request is what vLLM's tables
+    hold, and each allocation entry continues the one before it."""
+    pt = ProbedTwin(TwinConfig(num_blocks=120, layout="full+sliding", sliding_window=64),
+                    seed=5)
+    rows: list[object] = []
+    tracker = RequestTracker(rows.append)
+    pt.hub.listeners.append(tracker.on_event)
+    mgr, null = pt.rec.mgr, pt.rec.pool.null_block.block_id
+    truth: dict[int, dict[str, int]] = {}  # step: blocks each running request held
+
+    def watch(_i: int, _out: Any) -> None:
+        truth[pt.state.counters.steps] = {
+            r.request_id: sum(b != null for g in mgr.get_block_ids(r.request_id) for b in g)
+            for r in pt.scheduler.running}
+
+    pt.run(generate(WorkloadSpec(n_requests=40, seed=5)), on_step=watch)
+    tracker.flush(pt.hub.engines)
+    events = sorted((e for e in unrolled(rows) if isinstance(e, RequestEvent)),
+                    key=lambda e: e.step)  # stable: the tracker's order within a step
+    held: dict[str, int] = {}
+    drops = 0
+    at = 0
+    for step in sorted(truth):
+        while at < len(events) and events[at].step <= step:
+            e = events[at]
+            if e.event == "allocated":
+                assert e.total_blocks == held[e.request_id] + e.blocks, e
+                drops += e.blocks < 0
+            held[e.request_id] = e.total_blocks if e.event in (
+                "admitted", "resumed", "allocated") else 0
+            at += 1
+        assert {r: held[r] for r in truth[step]} == truth[step], step
+    assert drops > 0

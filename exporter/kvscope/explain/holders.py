@@ -4,7 +4,8 @@ request, client and user agent; and whether a waiting request could ever have fi
 A request's blocks as a step began are the ``total_blocks`` of its last event before that
 step (0 after it was queued, preempted or ended, and for one whose end came in that step's
 record: ``source.live_events``), so the figure is the tracker's own ledger of the request,
-not a sample.
+not a sample; blocks a sliding-window group gave back are an allocation entry of their own
+(negative blocks), so it is not the most the request held.
 """
 
 from __future__ import annotations
@@ -51,11 +52,12 @@ def trigger_event(step_events: list[dict], requester: str) -> dict | None:
     """The requester's own event in the preemption's step: its growth there (None: no
     such event, or no requester recorded). vLLM preempts only while it grows running
     requests, and a step that preempts admits and resumes nothing (0.32 scheduler.py
-    900), so the event found is an allocation."""
+    900), so the event found is an allocation (not a sliding window's blocks given back:
+    an entry of negative blocks)."""
     if not requester:
         return None
     return next((e for e in step_events if e["request_id"] == requester
-                 and e["event"] in HOLDING), None)
+                 and e["event"] in HOLDING and e["blocks"] >= 0), None)
 
 
 def could_fit(trace: dict | None, config: dict | None, never_fits: list[dict], rid: str,

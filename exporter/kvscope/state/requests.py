@@ -161,10 +161,6 @@ class RequestTracker:
             if not first:
                 self._resumed(st, s, live, r.req_id, r.computed_tokens)
             pending.add(r.req_id)
-        for n in s.nulled:
-            live = reqs.get(n.req_id)
-            if live is not None and n.req_id in led.tables:
-                set_table(live, led.tables[n.req_id])
         resumed = set(s.resumed) if s.resumed else None  # one lookup per growth, not a scan
         allocs = self._allocs(st) if self._allocations_wanted else None
         add = None
@@ -172,6 +168,7 @@ class RequestTracker:
             allocs.at(s.ts, st.counters.steps, free)
             add = allocs.add
         tokens, live_of = led.counts.tokens_of, reqs.get
+        dropped = self._dropped(s, reqs, add, tokens) if s.nulled else None
         for rid, groups in zip(s.grown_ids, s.grown_blocks, strict=True):  # ~16 at 256 running
             live = live_of(rid)
             if live is None:
@@ -200,6 +197,11 @@ class RequestTracker:
             n = extend_table(live, groups)  # 0 when no group grew: no allocation then
             if n and add is not None:
                 add(rid, n, live.blocks, tokens(rid))
+        if dropped:  # the tables as the step left them: their runs (and blocks again)
+            for rid in dropped:
+                live = reqs.get(rid)
+                if live is not None and rid in led.tables:
+                    set_table(live, led.tables[rid])
         if pending:
             self._first_tokens(reqs, pending, led, s)
         for e in s.ends:
@@ -219,6 +221,29 @@ class RequestTracker:
             self.config_due[st.key] = s.ts + CONFIG_EVERY_S
             if self.wants("engine_configs"):
                 self.emit(engine_config(st, s.ts))
+
+    @staticmethod
+    def _dropped(s: wire.Step, reqs: OrderedDict[str, Live], add: Any,
+                 tokens: Callable[[str], int]) -> set[str]:
+        """Blocks a sliding-window group gave back (vLLM's remove_skipped_blocks, before
+        the step's growth in allocate_slots): counted off, and an allocation entry of
+        minus that many written, so the stored holding (the total blocks of a request's
+        last event) follows them. A request whose whole table came in this step (admitted
+        or resumed) is counted from that table. The requests whose blocks dropped."""
+        whole = {r.req_id for r in s.new_reqs}.union(s.resumed)
+        out: set[str] = set()
+        for n in s.nulled:
+            rid = n.req_id
+            live = reqs.get(rid)
+            if live is None or rid in whole:
+                continue
+            k = sum(b != 0 for b in n.block_ids)  # 0: vLLM's null block, never held
+            if k:
+                live.blocks -= k
+                out.add(rid)
+                if add is not None:
+                    add(rid, -k, live.blocks, tokens(rid))
+        return out
 
     def _pending(self, st: EngineState) -> set[str]:
         """Requests admitted whose first output token has not been seen yet."""
