@@ -327,3 +327,63 @@ def test_a_victim_preempted_and_resumed_in_one_step_is_read_in_that_order(
     (p,) = r["preemptions"]
     assert p["resumed"] == {"ts": t0 + 0.5, "step": 6}
     assert r["lost"]["preempted"] == {"seconds": 0.0, "steps": 0}
+
+
+class _Preempted(Exception):
+    """Stops a twin run right after the step of its first preemption."""
+
+
+def test_the_api_answers_a_preemption_a_moment_ago_with_the_pool_as_vllm_held_it(
+        chdb_dsn: str, database: str, tmp_path: Any) -> None:
+    """The sidecar's ``/api/requests/{id}`` right after a preemption: the tracker keeps
+    allocations up to 5 s of engine time before it writes them, and the API flushed only
+    the sink, so holders left out the requests that had only grown since (and read the
+    others' blocks of before). The answer's holders are vLLM's running requests' blocks
+    as the preemption's step began."""
+    from fastapi.testclient import TestClient
+    from prometheus_client import CollectorRegistry
+
+    from kvscope.explain.api import explain_router
+    from kvscope.sidecar.http.app import create_app
+    from kvscope.sidecar.server import explain_reader
+    from kvscope.sinks.base import SinkManager
+    from kvscope.state.requests import RequestTracker
+    from kvscope.store.sink import ClickHouseSink
+    from kvscope.twin import TwinConfig, WorkloadSpec, generate
+    from kvscope.twin.probed import ProbedTwin
+    from tests.clickhouse.conftest import FAST
+
+    sink = ClickHouseSink(chdb_dsn, database=database, options=FAST,
+                          spool_dir=str(tmp_path / "spool"))
+    sinks = SinkManager([sink])
+    pt = ProbedTwin(TwinConfig(num_blocks=48), seed=5)
+    tracker = RequestTracker(sinks.emit)
+    pt.hub.listeners.append(tracker.on_event)
+    mgr = pt.rec.mgr
+    before: dict[str, int] = {}  # blocks of each running request as the next step begins
+    seen: list[tuple[str, dict[str, int]]] = []
+
+    def watch(_i: int, out: Any) -> None:
+        if out.preempted_req_ids:
+            seen.append((sorted(out.preempted_req_ids)[0], dict(before)))
+            raise _Preempted
+        before.clear()
+        before.update({r.request_id: sum(map(len, mgr.get_block_ids(r.request_id)))
+                       for r in pt.scheduler.running})
+
+    with pytest.raises(_Preempted):
+        pt.run(generate(WorkloadSpec(n_requests=80, seed=5)), on_step=watch)
+    ((victim, truth),) = seen
+    app = create_app(pt.hub, CollectorRegistry())
+    app.include_router(explain_router(explain_reader(pt.hub, tracker, sink)))
+    try:
+        r = TestClient(app).get(f"/api/requests/{victim}")
+        assert r.status_code == 200, r.text
+        (req,) = r.json()["engine_requests"]
+        p = req["preemptions"][0]
+        ranked = sorted(truth.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
+        assert [(x["key"], x["blocks"]) for x in p["holders"]["by_request"]] == ranked
+        assert (p["holders"]["held_blocks"], p["holders"]["requests"]) == (
+            sum(truth.values()), len(truth))
+    finally:
+        sinks.close()

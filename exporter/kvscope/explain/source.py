@@ -113,15 +113,19 @@ def request_events(client: Any, engine: str, server: str, rid: str) -> list[dict
 
 
 def live_events(client: Any, run: Run, step: int) -> list[dict]:
-    """Events before ``step`` of every request that still had an event at or after it: the
-    requests that could hold blocks as that step began. A request whose end came in
-    ``step``'s record is not one: vLLM freed its blocks in ``update_from_output``, before
-    that step's ``schedule()``, and the probe sends the end with the next step's record."""
+    """Events before ``step`` of every request that still had an event at or after it, or
+    has no end in the run (running still, as an answer right after ``step`` finds the
+    requests that have not grown since): the requests that could hold blocks as that step
+    began. A request whose end came in ``step``'s record is not one: vLLM freed its blocks
+    in ``update_from_output``, before that step's ``schedule()``, and the probe sends the
+    end with the next step's record."""
     w = run.where()
-    return events(client, w + " AND step < {n:Int64} AND request_id IN (SELECT request_id FROM "
-                  "request_events_all WHERE " + w + " AND step >= {n:Int64}) AND request_id "
-                  "NOT IN (SELECT request_id FROM request_events WHERE " + w + " AND step = "
-                  "{n:Int64} AND event IN ('finished', 'aborted'))", run.params(n=step))
+    return events(client, w + " AND step < {n:Int64} AND (request_id IN (SELECT request_id "
+                  "FROM request_events_all WHERE " + w + " AND step >= {n:Int64}) OR "
+                  "request_id NOT IN (SELECT request_id FROM request_events WHERE " + w
+                  + " AND event IN ('finished', 'aborted'))) AND request_id NOT IN (SELECT "
+                  "request_id FROM request_events WHERE " + w + " AND step = {n:Int64} AND "
+                  "event IN ('finished', 'aborted'))", run.params(n=step))
 
 
 def engines_of(client: Any, rid: str) -> list[tuple[str, str, str]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -38,6 +39,20 @@ from kvscope.state.requests import RequestTracker
 from kvscope.store.sink import ClickHouseSink
 
 log = logging.getLogger("kvscope.sidecar")
+
+
+def explain_reader(hub: Hub, tracker: RequestTracker, store: ClickHouseSink
+                   ) -> Callable[[], Any]:
+    """The explain API's store client, opened once the rows so far are delivered: the
+    allocations the tracker still keeps (up to ``FLUSH_EVERY_S`` of engine time) written
+    first, under the hub's lock (the receiver thread's steps add to them), or a request
+    that only grew since would be no holder of the pool at a preemption a moment ago."""
+    def connect() -> Any:
+        with hub.lock:
+            tracker.flush_allocations()
+        return store.fresh_reader()
+
+    return connect
 
 
 class Sidecar:
@@ -84,7 +99,8 @@ class Sidecar:
         self.layout_cadence = StoreCadence(cfg.layout_store_interval_s)
         history = clickhouse_history(store.fresh_client, store.database) if store else None
         self.app.include_router(layout_router(self.hub, self.layout, history))
-        self.app.include_router(explain_router(store.fresh_reader if store else None))
+        self.app.include_router(explain_router(
+            explain_reader(self.hub, self.tracker, store) if store else None))
         # uvicorn re-raises SIGTERM/SIGINT once it has shut down, so nothing after
         # server.run() is guaranteed to run: flush from the app's shutdown instead.
         self.app.router.on_shutdown.append(self.stop_workers)

@@ -344,6 +344,12 @@ class RequestTracker:
 
     # -- admission and rollups ---------------------------------------------------------
 
+    def flush_allocations(self) -> None:
+        """Write every engine's open allocation runs now (before a read of the store);
+        the caller holds the hub's lock."""
+        for allocs in self.allocations.values():
+            allocs.flush_all(self.emit)
+
     def flush(self, hub_engines: dict[str, EngineState]) -> None:
         """Emit the open per-second rollups and the allocations not written yet (at
         shutdown)."""
