@@ -387,3 +387,64 @@ def test_the_api_answers_a_preemption_a_moment_ago_with_the_pool_as_vllm_held_it
             sum(truth.values()), len(truth))
     finally:
         sinks.close()
+
+
+def test_a_request_of_two_sidecar_runs_is_read_in_time_order(store_rows: Any) -> None:
+    """Step numbers restart with each run of the sidecar: "r" was queued at step 500 of
+    the run before, admitted at step 3 of the next. By step first its queued row came
+    last (waiting -497 steps, -10 s); in time order it comes first, and the steps of two
+    runs make no span: the story says it is incomplete rather than figures."""
+    t0 = 1_800_000_000.0
+    client = store_rows([
+        _ev("r", "admitted", 3, t0 + 10.0, blocks=1), _ev("r", "finished", 50, t0 + 20.0),
+        _ev("r", "queued", 500, t0)])
+    body = answer.explain(client, "r")
+    valid(body)
+    (r,) = body["engine_requests"]
+    assert [e["event"] for e in r["timeline"]] == ["queued", "admitted", "finished"]
+    assert r["lost"] is None
+    assert r["incomplete"] == ["its events span two runs (step numbers restarted)"]
+    assert r["verdict"] == ("incomplete: its events span two runs (step numbers "
+                            "restarted); where its time went is not known")
+
+
+def test_missing_rows_make_an_incomplete_story_not_figures(store_rows: Any) -> None:
+    """A request that started before the sidecar has no queued row (nor admitted, when it
+    ran then): its story read "waited 0.000 s; never preempted" from a finished row alone,
+    though its end said vLLM preempted it twice, and the API server was given the engine's
+    missing time. A resume with no preemption before it is another gap."""
+    t0 = 1_800_000_000.0
+    end = RequestEvent(ts=t0 + 30.0, model="m", engine="0", server="", request_id="c",
+                       event="finished", step=80, blocks=-1, total_blocks=-1, free_blocks=-1,
+                       max_contiguous_free=-1, tokens=700, reason="",
+                       detail="FINISHED_LENGTH_CAPPED")
+    trace = RequestTrace(
+        ts=t0 + 30.0, model="m", engine="0", server="", request_id="c", prompt_len=600,
+        max_gen_len=100, output_len=100, required_blocks=44, allocated_blocks=44,
+        contiguous_allocated=True, block_fragments=1, preempt_count=2,
+        preempt_reason="kv_full", recomputed_tokens=0, cached_tokens=0,
+        free_blocks_at_alloc=-1, max_contiguous_free_blocks_at_alloc=-1, arrival_ts=t0,
+        queue_seconds=-1.0, first_token_seconds=-1.0, e2e_seconds=30.0,
+        finish_reason="FINISHED_LENGTH_CAPPED")
+    client = store_rows([
+        end, trace,
+        ClientRequest(ts=t0 + 30.5, request_id="c", engine_request_ids="c", model="m",
+                      endpoint="/v1/completions", client_id="", user_agent="",
+                      api_key_hash="", prompt_hash="", prompt_chars=10, max_tokens=100,
+                      http_status=200, duration_s=31.0, duplicate=False, duplicate_of="",
+                      preempt_count=2, preempt_reason="kv_full"),
+        _ev("b", "queued", 1, t0), _ev("b", "admitted", 2, t0 + 1.0, blocks=4),
+        _ev("b", "resumed", 9, t0 + 5.0, blocks=4), _ev("b", "finished", 12, t0 + 8.0)])
+    body = answer.explain(client, "c")
+    valid(body)
+    (c,) = body["engine_requests"]
+    assert (c["lost"], c["outside_engine_s"]) == (None, None)
+    assert c["incomplete"] == [
+        "no queued event (it arrived before the sidecar saw its engine, or the row is lost)",
+        "no admitted event", "vLLM counted 2 preemptions, the store holds 0"]
+    text = render_text.render(body)
+    assert "waited" not in text and "never preempted" not in text
+    assert "  where the time went: not known (the story is incomplete)" in text
+    (b,) = answer.explain(client, "b")["engine_requests"]
+    assert b["incomplete"] == ["a resume with no preemption before it"]
+    assert b["lost"] is None

@@ -34,7 +34,8 @@ def explain(client: Any, rid: str) -> dict[str, Any]:
     for s in stories:
         if s is not None:  # what the API server spent beyond the engine's part
             s["outside_engine_s"] = (round(api[0]["duration_s"] - s["lost"]["total"]["seconds"],
-                                           6) if len(api) == 1 and len(ids) == 1 else None)
+                                           6) if len(api) == 1 and len(ids) == 1
+                                     and s["lost"] is not None else None)
     return {"schema": SCHEMA, "request_id": rid,
             "api_requests": [_api(r) for r in api],
             "engine_requests": [s for s in stories if s is not None]}
@@ -48,8 +49,9 @@ def request_answer(client: Any, rid: str, who: dict[str, dict]) -> dict[str, Any
     model, server, engine = engines[0]
     events = source.request_events(client, engine, server, rid)
     run = source.run_of(client, events)
-    story = build(events, lambda n: source.first_event_after(client, run, n))
     trace = source.traces(client, [rid]).get(rid)
+    story = build(events, lambda n: source.first_event_after(client, run, n),
+                  trace["preempt_count"] if trace else None)
     lo, hi = events[0]["ts"], events[-1]["ts"]
     decided = source.decisions(client, engine, server, DECISIONS, lo, hi)
     for p in story.preemptions:
@@ -57,8 +59,10 @@ def request_answer(client: Any, rid: str, who: dict[str, dict]) -> dict[str, Any
     return {
         "request_id": rid, "model": model, "server": server, "engine": engine,
         "trace": trace, "timeline": events, "spans": spans(events),
-        "lost": {k: getattr(story, k).as_json() for k in
-                 ("waiting", "preempted", "recomputing", "running", "total")},
+        "lost": None if story.incomplete else {
+            k: getattr(story, k).as_json()
+            for k in ("waiting", "preempted", "recomputing", "running", "total")},
+        "incomplete": story.incomplete,
         "preemptions": [_preemption(p, decided) for p in story.preemptions],
         "waiting": _waiting(client, run, story, trace, decided),
         "verdict": verdict(story),
@@ -133,6 +137,8 @@ def _waiting(client: Any, run: source.Run, story: Story, trace: dict | None,
 
 def verdict(story: Story) -> str:
     """One line: where the time went."""
+    if story.incomplete and (story.end is not None or len(story.incomplete) > 1):
+        return f"incomplete: {'; '.join(story.incomplete)}; where its time went is not known"
     if story.end is None:
         return "not ended yet (or its end was not recorded): the story so far"
     n = len(story.preemptions)

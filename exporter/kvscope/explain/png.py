@@ -54,7 +54,7 @@ def _engine_request(d: Any, r: dict[str, Any], y: int) -> int:
         d.rectangle((bar_x(s["from_ts"], t0, t1), y, max(bar_x(s["to_ts"], t0, t1) - 1,
                      bar_x(s["from_ts"], t0, t1)), y + BAR_H - 1), fill=SPAN_COLORS[s["state"]])
     y += BAR_H + LINE_H
-    for k in ("waiting", "preempted", "recomputing", "running", "total"):
+    for k in ("waiting", "preempted", "recomputing", "running", "total") if r["lost"] else ():
         span = r["lost"][k]
         d.text((LEFT, y), f"{k:<12} {span['seconds']:>10.3f} s {span['steps']:>7} steps",
                fill=palette.TEXT)

@@ -28,8 +28,12 @@ def engine_request(r: dict[str, Any]) -> list[str]:
     if t:
         out.append(_trace_line(t))
     out.append(f"  verdict: {r['verdict']}")
-    out.append("  where the time went:")
-    for k in ("waiting", "preempted", "recomputing", "running", "total"):
+    if r["lost"] is None:
+        out.append("  where the time went: not known (the story is incomplete)")
+        out += [f"    {why}" for why in r["incomplete"]]
+    else:
+        out.append("  where the time went:")
+    for k in ("waiting", "preempted", "recomputing", "running", "total") if r["lost"] else ():
         span = r["lost"][k]
         note = "  (part of running)" if k == "recomputing" else ""
         out.append(f"    {k:<12} {span['seconds']:>10.3f} s {span['steps']:>7} steps{note}")
@@ -44,7 +48,7 @@ def engine_request(r: dict[str, Any]) -> list[str]:
         out += _preemption(i, p)
     if r["waiting"]:
         out += _waiting(r["waiting"])
-    if not r["preemptions"]:
+    if not r["preemptions"] and r["lost"] is not None:
         out.append("  never preempted")
     if "counterfactual" in r:
         out += counterfactual(r["counterfactual"])

@@ -58,7 +58,12 @@ def _rows(client: Any, sql: str, params: dict[str, Any], cols: tuple[str, ...]) 
     return [dict(zip(cols, r, strict=True)) for r in result.result_rows]
 
 
-def events(client: Any, where: str, params: dict[str, Any], limit: int = 0) -> list[dict]:
+WITHIN_STEP = ("indexOf(['queued', 'preempted', 'admitted', 'resumed', 'allocated', "
+               "'finished', 'aborted'], event)")
+
+
+def events(client: Any, where: str, params: dict[str, Any], limit: int = 0,
+           order: str = "step, ts") -> list[dict]:
     """Lifecycle events matching ``where`` (SQL over request_events' columns), in the
     order they happened: by step, then time, then the order within a step. A step's
     preemptions precede its admissions, resumes and allocations (the probe stamps those
@@ -67,8 +72,7 @@ def events(client: Any, where: str, params: dict[str, Any], limit: int = 0) -> l
     millisecond tie puts ``preempted`` first. Read through ``request_events_all``: the
     lifecycle rows and each allocation unrolled."""
     return _rows(client, "SELECT {cols} FROM request_events_all WHERE " + where
-                 + " ORDER BY step, ts, indexOf(['queued', 'preempted', 'admitted', "
-                   "'resumed', 'allocated', 'finished', 'aborted'], event)"
+                 + f" ORDER BY {order}, {WITHIN_STEP}"
                  + (f" LIMIT {int(limit)}" if limit else ""), params, EVENT_COLUMNS)
 
 
@@ -108,8 +112,11 @@ def step_events(client: Any, run: Run, step: int) -> list[dict]:
 
 
 def request_events(client: Any, engine: str, server: str, rid: str) -> list[dict]:
+    """One request's events in time order (then step): its steps restart when the
+    sidecar does, so by step first a row of the run before sorted last."""
     return events(client, "engine = {e:String} AND server = {s:String} AND "
-                          "request_id = {r:String}", {"e": engine, "s": server, "r": rid})
+                          "request_id = {r:String}", {"e": engine, "s": server, "r": rid},
+                  order="ts, step")
 
 
 def live_events(client: Any, run: Run, step: int) -> list[dict]:

@@ -70,6 +70,8 @@ class Story:
     preempted: Span
     recomputing: Span
     running: Span
+    incomplete: list[str]
+    """Why its figures are not known (empty: they are): rows the store lacks."""
 
     @property
     def total(self) -> Span:
@@ -82,9 +84,10 @@ def facts(detail: str) -> dict[str, str]:
     return dict(p.split("=", 1) for p in detail.split() if "=" in p)
 
 
-def build(events: list[dict], next_step: Callable[[int], dict | None] = lambda _s: None
-          ) -> Story:
-    """The story of one request from its events (one engine, in order)."""
+def build(events: list[dict], next_step: Callable[[int], dict | None] = lambda _s: None,
+          preempt_count: int | None = None) -> Story:
+    """The story of one request from its events (one engine, in order); ``preempt_count``
+    the preemptions vLLM counted (its trace), when known."""
     first = events[0]
     queued = _first(events, "queued")
     admitted = _first(events, "admitted")
@@ -120,7 +123,40 @@ def build(events: list[dict], next_step: Callable[[int], dict | None] = lambda _
         running = Span(end["ts"] - admitted["ts"] - preempted.seconds,
                        end["step"] - admitted["step"] - preempted.steps)
     return Story(first["request_id"], first["model"], first["server"], first["engine"],
-                 events, queued, admitted, end, pre, waiting, preempted, recomputing, running)
+                 events, queued, admitted, end, pre, waiting, preempted, recomputing, running,
+                 gaps(events, preempt_count))
+
+
+def gaps(events: list[dict], preempt_count: int | None = None) -> list[str]:
+    """What the store lacks for a whole story (rows it never got: the request started
+    before the sidecar saw its engine, a run of the sidecar ended in its middle), each
+    said; the spans are not figures then, and a missing row must not read as a fact."""
+    kinds = [e["event"] for e in events]
+    out = []
+    if "queued" not in kinds:
+        out.append("no queued event (it arrived before the sidecar saw its engine, or the "
+                   "row is lost)")
+    if "admitted" not in kinds and any(k in kinds for k in (
+            "resumed", "allocated", "preempted", "finished")):  # it ran
+        out.append("no admitted event")
+    if not any(k in END_EVENTS for k in kinds):
+        out.append("no end event (not ended yet, or its end was not recorded)")
+    if any(b["step"] < a["step"] for a, b in zip(events, events[1:], strict=False)):
+        out.append("its events span two runs (step numbers restarted)")
+    out_now = False
+    for k in kinds:
+        if k == "preempted":
+            out_now = True
+        elif k == "resumed":
+            if not out_now:
+                out.append("a resume with no preemption before it")
+                break
+            out_now = False
+    found = kinds.count("preempted")
+    if preempt_count is not None and preempt_count >= 0 and preempt_count != found:
+        out.append(f"vLLM counted {preempt_count} preemption{'s' * (preempt_count != 1)}, "
+                   f"the store holds {found}")
+    return out
 
 
 def _first(events: list[dict], *kinds: str) -> dict | None:
