@@ -33,3 +33,13 @@ def test_serve_reports_every_bad_setting_and_exits_2(
         "kvscope serve: invalid configuration:\n"
         "  - port (KVSCOPE_PORT): cannot read 'http'\n"
         "  - layout_interval_s (KVSCOPE_LAYOUT_INTERVAL_S): cannot read 'often'\n")
+
+
+@pytest.mark.parametrize("n", ["-1", "0"])
+def test_explain_worst_below_one_is_bad_usage_not_a_store_failure(
+        n: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--worst -1`` went to the store (ClickHouse refuses a negative LIMIT) and exited 1,
+    "the store failed"; README: 2 is bad usage. Said before any store is opened (none
+    listens at this address)."""
+    assert main(["explain", "--worst", n, "--dsn", "http://127.0.0.1:9"]) == 2
+    assert capsys.readouterr().err == "kvscope explain: --worst takes a count of 1 or more\n"

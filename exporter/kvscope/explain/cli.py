@@ -79,6 +79,9 @@ def run(args: argparse.Namespace) -> int:
     if (args.worst is None) == (args.request_id is None):
         print("kvscope explain: give a REQUEST_ID or --worst N", file=sys.stderr)
         return 2
+    if args.worst is not None and args.worst < 1:
+        print("kvscope explain: --worst takes a count of 1 or more", file=sys.stderr)
+        return 2
     try:
         since = since_epoch(args.since, time.time())
         target = Target.parse(args.dsn or default_dsn())
