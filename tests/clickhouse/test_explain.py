@@ -448,3 +448,27 @@ def test_missing_rows_make_an_incomplete_story_not_figures(store_rows: Any) -> N
     (b,) = answer.explain(client, "b")["engine_requests"]
     assert b["incomplete"] == ["a resume with no preemption before it"]
     assert b["lost"] is None
+
+
+def _trace(rid: str, server: str, ts: float, preempt_count: int) -> RequestTrace:
+    return RequestTrace(
+        ts=ts, model="m", engine="0", server=server, request_id=rid, prompt_len=10,
+        max_gen_len=10, output_len=10, required_blocks=2, allocated_blocks=2,
+        contiguous_allocated=True, block_fragments=1, preempt_count=preempt_count,
+        preempt_reason="", recomputed_tokens=0, cached_tokens=0, free_blocks_at_alloc=-1,
+        max_contiguous_free_blocks_at_alloc=-1, arrival_ts=ts - 1.0, queue_seconds=0.1,
+        first_token_seconds=0.2, e2e_seconds=1.0, finish_reason="FINISHED_STOPPED")
+
+
+def test_the_trace_is_the_requests_own_engines(store_rows: Any) -> None:
+    """vLLM's request IDs are unique per server, not across servers: the trace was read by
+    ID alone, and the last one written (another server's, preempted 3 times) was the
+    request's, making its story incomplete."""
+    t0 = 1_800_000_000.0
+    client = store_rows([
+        _ev("x", "queued", 1, t0), _ev("x", "admitted", 2, t0 + 0.1, blocks=2),
+        _ev("x", "finished", 5, t0 + 1.0), _trace("x", "", t0 + 1.0, 0),
+        _trace("x", "other", t0 + 50.0, 3)])
+    (r,) = answer.explain(client, "x")["engine_requests"]
+    assert (r["trace"]["server"], r["trace"]["preempt_count"]) == ("", 0)
+    assert r["incomplete"] == [] and r["verdict"].endswith("never preempted")

@@ -49,7 +49,7 @@ def request_answer(client: Any, rid: str, who: dict[str, dict]) -> dict[str, Any
     model, server, engine = engines[0]
     events = source.request_events(client, engine, server, rid)
     run = source.run_of(client, events)
-    trace = source.traces(client, [rid]).get(rid)
+    trace = source.traces(client, [rid], engine, server).get(rid)
     story = build(events, lambda n: source.first_event_after(client, run, n),
                   trace["preempt_count"] if trace else None)
     lo, hi = events[0]["ts"], events[-1]["ts"]
@@ -76,7 +76,8 @@ def _pool_at_preemption(client: Any, run: source.Run, story: Story, p: Preemptio
     snap = source.layout_at(client, run, step)
     p.cached_blocks = snap["cached_blocks"] if snap else -1
     p.layout = layout_json(snap, story.request_id)
-    p.holders = holders.top_holders(held, source.traces(client, list(held)))
+    p.holders = holders.top_holders(held, source.traces(client, list(held), run.engine,
+                                                        run.server))
 
 
 def _preemption(p: Preemption, decided: list[dict]) -> dict[str, Any]:
@@ -129,7 +130,8 @@ def _waiting(client: Any, run: source.Run, story: Story, trace: dict | None,
     return {"step": step,
             "admission_blocked": sum(blocked.values()),
             "admission_blocked_reasons": dict(sorted(blocked.items())),
-            "holders": holders.top_holders(held, source.traces(client, list(held))),
+            "holders": holders.top_holders(held, source.traces(client, list(held), run.engine,
+                                                               run.server)),
             "could_fit": holders.could_fit(
                 trace, config, [d for d in decided if d["decision"] == "never_fits"],
                 story.request_id, snap["num_blocks"] if snap else -1)}

@@ -151,11 +151,13 @@ def client_rows(client: Any, rid: str) -> list[dict]:
                          "ORDER BY ts", {"r": rid}, CLIENT_COLUMNS)
 
 
-def traces(client: Any, rids: list[str]) -> dict[str, dict]:
+def traces(client: Any, rids: list[str], engine: str, server: str) -> dict[str, dict]:
+    """The traces of ``rids`` on one engine (vLLM's request IDs are unique per server)."""
     if not rids:
         return {}
-    rows = _rows(client, "SELECT {cols} FROM request_traces WHERE request_id IN "
-                         "{r:Array(String)} ORDER BY ts", {"r": rids}, TRACE_COLUMNS)
+    rows = _rows(client, "SELECT {cols} FROM request_traces WHERE engine = {e:String} AND "
+                         "server = {s:String} AND request_id IN {r:Array(String)} ORDER BY ts",
+                 {"e": engine, "s": server, "r": rids}, TRACE_COLUMNS)
     return {r["request_id"]: r for r in rows}
 
 
