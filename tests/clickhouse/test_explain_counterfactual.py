@@ -34,18 +34,26 @@ def plain(chdb_dsn: str, twin_runner: Any, tmp_path_factory: pytest.TempPathFact
     from kvscope.twin.probed import ProbedTwin
 
     db = database_name(request.node.nodeid) + "_plain"
+    traces = record(chdb_dsn, db, tmp_path_factory, ProbedTwin(TwinConfig(num_blocks=48), seed=6),
+                    generate(WorkloadSpec(n_requests=70, seed=6, shared_prefix_fraction=0.0)))
+    client = clickhouse_connect.get_client(dsn=chdb_dsn, database=db)
+    yield client, traces
+    client.close()
+
+
+def record(chdb_dsn: str, db: str, tmp_path_factory: pytest.TempPathFactory, pt: Any,
+           requests: Any) -> list[RequestTrace]:
+    """Run ``requests`` on the probed twin ``pt``, its rows stored in database ``db``
+    through a real sink; the traces the tracker wrote."""
     sink = ClickHouseSink(chdb_dsn, database=db, options=FAST,
                           spool_dir=str(tmp_path_factory.mktemp("spool")))
     manager = SinkManager([sink])
     rows: list[Any] = []
-    pt = ProbedTwin(TwinConfig(num_blocks=48), seed=6)
     pt.hub.listeners.append(RequestTracker(lambda r: (rows.append(r), manager.emit(r))).on_event)
-    pt.run(generate(WorkloadSpec(n_requests=70, seed=6, shared_prefix_fraction=0.0)))
+    pt.run(requests)
     assert sink.flush(60)
     manager.close()
-    client = clickhouse_connect.get_client(dsn=chdb_dsn, database=db)
-    yield client, [r for r in rows if isinstance(r, RequestTrace)]
-    client.close()
+    return [r for r in rows if isinstance(r, RequestTrace)]
 
 
 def worst(traces: list[RequestTrace]) -> RequestTrace:
@@ -117,16 +125,9 @@ def smallest(chdb_dsn: str, twin_runner: Any, tmp_path_factory: pytest.TempPathF
     from kvscope.twin.probed import ProbedTwin
 
     db = database_name(request.node.nodeid) + "_smallest"
-    sink = ClickHouseSink(chdb_dsn, database=db, options=FAST,
-                          spool_dir=str(tmp_path_factory.mktemp("spool")))
-    manager = SinkManager([sink])
-    rows: list[Any] = []
-    pt = ProbedTwin(TwinConfig(num_blocks=33), seed=3)
-    pt.hub.listeners.append(RequestTracker(lambda r: (rows.append(r), manager.emit(r))).on_event)
-    pt.run(generate(WorkloadSpec(n_requests=30, seed=3, shared_prefix_fraction=0.0)))
-    assert sink.flush(60)
-    manager.close()
-    yield chdb_dsn, db, [r for r in rows if isinstance(r, RequestTrace)]
+    yield chdb_dsn, db, record(
+        chdb_dsn, db, tmp_path_factory, ProbedTwin(TwinConfig(num_blocks=33), seed=3),
+        generate(WorkloadSpec(n_requests=30, seed=3, shared_prefix_fraction=0.0)))
 
 
 def test_an_alternative_vllm_would_refuse_is_reported_not_run(

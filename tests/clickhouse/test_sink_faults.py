@@ -26,6 +26,22 @@ def sink_for(dsn: str, database: str, spool: Path, **kw: Any) -> ClickHouseSink:
                           options=kw.pop("options", FAST), **kw)
 
 
+def five_written_three_dropped(sink: ClickHouseSink, table: str) -> Any:
+    """Five traces written behind a spooled batch of three ``table`` rows that cannot be
+    stored: the five stored, the three counted dropped, the sink closed; its stats."""
+    try:
+        for i in range(5):
+            sink.write("request_traces", trace(i))
+        assert sink.flush(10)
+        st = sink.stats()
+        assert st.rows_dropped[table] == 3
+        assert st.rows_written["request_traces"] == 5
+    finally:
+        closed = sink.close(10)
+    assert closed
+    return st
+
+
 def test_a_damaged_spooled_batch_is_dropped_and_counted_not_retried_forever(
         store: Any, database: str, chdb_dsn: str, tmp_path: Path,
         caplog: pytest.LogCaptureFixture) -> None:
@@ -33,18 +49,8 @@ def test_a_damaged_spooled_batch_is_dropped_and_counted_not_retried_forever(
     spool.mkdir()
     name = f"000000000001.step_stats.3.1700000000000.{TOKEN}.batch"
     (spool / name).write_bytes(b"ARROW1\0\0trunc")  # cut short on a disk that lied
-    sink = sink_for(chdb_dsn, database, spool)
-    try:
-        for i in range(5):
-            sink.write("request_traces", trace(i))
-        assert sink.flush(10)
-        st = sink.stats()
-        assert st.rows_dropped["step_stats"] == 3
-        assert st.rows_written["request_traces"] == 5
-        assert st.spool_batches == 0 and not (spool / name).exists()
-    finally:
-        closed = sink.close(10)
-    assert closed
+    st = five_written_three_dropped(sink_for(chdb_dsn, database, spool), "step_stats")
+    assert st.spool_batches == 0 and not (spool / name).exists()
     assert count(store, "request_traces") == 5
     dropped = [r for r in caplog.records if "dropped a batch" in r.getMessage()]
     assert len(dropped) == 1 and name in dropped[0].getMessage()
@@ -68,17 +74,7 @@ def test_a_batch_with_a_column_the_table_lacks_is_dropped_once_the_ddl_did_not_h
                                              [trace(100 + i) for i in range(3)]))
     name = f"000000000001.request_traces.3.1700000000000.{TOKEN}.batch"
     (spool / name).write_bytes(payload.to_pybytes())  # spooled before a rollback
-    sink = sink_for(chdb_dsn, database, spool)
-    try:
-        for i in range(5):
-            sink.write("request_traces", trace(i))
-        assert sink.flush(10)
-        st = sink.stats()
-        assert st.rows_dropped["request_traces"] == 3
-        assert st.rows_written["request_traces"] == 5
-    finally:
-        closed = sink.close(10)
-    assert closed
+    five_written_three_dropped(sink_for(chdb_dsn, database, spool), "request_traces")
     assert sorted(r[0] for r in store.query("SELECT prompt_len FROM request_traces")
                   .result_rows) == [0, 1, 2, 3, 4]
 

@@ -206,20 +206,27 @@ class VLLMFailed(RuntimeError):
     pass
 
 
+def _failing_sched(method: str) -> tuple[type, Any, Rec]:
+    """A hooked scheduler class whose ``method`` raises vLLM's own error, an instance
+    and the Recorder bound to it."""
+    cls = _sched_class()
+
+    def fails(self: Any) -> None:
+        raise VLLMFailed(f"vLLM's {method} failed")
+
+    setattr(cls, method, fails)
+    hooks._scheduler_hooks(cls, lambda sched: None)
+    sched = cls()
+    sched._kvscope = rec = Rec()
+    return cls, sched, rec
+
+
 def test_a_schedule_that_raises_leaves_the_recorder_outside_schedule() -> None:
     """The hook set ``in_schedule`` before vLLM's schedule() and cleared it after; when
     vLLM's method raised (and the engine survived it), every later preemption was
     classified as if inside a schedule, against a blocks-needed figure from a step that
     never finished."""
-    cls = _sched_class()
-
-    def schedule(self: Any) -> str:
-        raise VLLMFailed("vLLM's own error")
-
-    cls.schedule = schedule
-    hooks._scheduler_hooks(cls, lambda sched: None)
-    sched = cls()
-    sched._kvscope = rec = Rec()
+    cls, sched, rec = _failing_sched("schedule")
     rec.in_schedule = False
     with pytest.raises(VLLMFailed):
         sched.schedule()
@@ -265,16 +272,8 @@ def test_a_shutdown_that_raises_still_ends_the_sender() -> None:
     vLLM's method raised (a KV connector's or event publisher's shutdown failing), the
     Recorder kept recording and its sender sent heartbeats for a dead scheduler forever
     (the sidecar read the engine idle, not gone). It ends as vLLM's shutdown begins."""
-    cls = _sched_class()
-
-    def shutdown(self: Any) -> None:
-        raise VLLMFailed("the connector's shutdown failed")
-
-    cls.shutdown = shutdown
-    hooks._scheduler_hooks(cls, lambda sched: None)
-    sched = cls()
+    _cls, sched, rec = _failing_sched("shutdown")
     closed: list[bool] = []
-    sched._kvscope = rec = Rec()
     rec.close = lambda: closed.append(True)
     with pytest.raises(VLLMFailed):
         sched.shutdown()

@@ -228,20 +228,34 @@ def test_forced_keyframes_take_at_most_their_share_of_the_engine_thread(
     least): a 5 ms keyframe, 0.5 s; the gap stayed 0.2 s whatever T, five a second."""
     from kvscope_probe import recorder
 
-    _twin, rec, _pool = probed(monkeypatch, keyframe_s=3600)
-    clock = {"ns": 10**12, "step": 5_000_000}
+    # a 5 ms keyframe, then a cheap one (0.1 ms): the 0.2 s floor holds
+    (first, _), (cheap, _) = keyframes_taking(monkeypatch, 3600, 5_000_000, 100_000)
+    assert first == 5_000_000 / recorder.FORCED_KEYFRAME_SHARE == 5 * 10**8
+    assert cheap == int(recorder.FORCED_KEYFRAME_GAP_S * 1e9)
 
-    def now() -> int:  # one step between the keyframe's start and its end
+
+def keyframes_taking(monkeypatch: pytest.MonkeyPatch, keyframe_s: float,
+                     *took_ns: int) -> list[tuple[int, int]]:
+    """A keyframe taking each of ``took_ns`` (a clock that moves that much between its
+    start and its end), built at one time t: (next forced - t, next periodic - t) after
+    each."""
+    from kvscope_probe import recorder
+
+    _twin, rec, _pool = probed(monkeypatch, keyframe_s=keyframe_s)
+    clock = {"ns": 10**12, "step": 0}
+
+    def now() -> int:
         clock["ns"] += clock["step"]
         return clock["ns"]
 
     monkeypatch.setattr(recorder, "_now_ns", now)
     t = 7 * 10**12
-    rec.keyframe(t)
-    assert rec.next_forced_ns - t == 5_000_000 / recorder.FORCED_KEYFRAME_SHARE == 5 * 10**8
-    clock["step"] = 100_000  # a cheap one (0.1 ms): the 0.2 s floor holds
-    rec.keyframe(t)
-    assert rec.next_forced_ns - t == int(recorder.FORCED_KEYFRAME_GAP_S * 1e9)
+    out = []
+    for took in took_ns:
+        clock["step"] = took
+        rec.keyframe(t)
+        out.append((rec.next_forced_ns - t, rec.next_keyframe_ns - t))
+    return out
 
 
 def test_periodic_keyframes_take_at_most_their_share_of_the_engine_thread(
@@ -252,17 +266,7 @@ def test_periodic_keyframes_take_at_most_their_share_of_the_engine_thread(
     pool. After one that took T the next periodic one waits T / 1% at least."""
     from kvscope_probe import recorder
 
-    _twin, rec, _pool = probed(monkeypatch, keyframe_s=5)
-    clock = {"ns": 10**12, "step": 80_000_000}  # an 80 ms keyframe
-
-    def now() -> int:
-        clock["ns"] += clock["step"]
-        return clock["ns"]
-
-    monkeypatch.setattr(recorder, "_now_ns", now)
-    t = 7 * 10**12
-    rec.keyframe(t)
-    assert rec.next_keyframe_ns - t == 80_000_000 / recorder.FORCED_KEYFRAME_SHARE == 8 * 10**9
-    clock["step"] = 2_000_000  # 2 ms: the interval holds
-    rec.keyframe(t)
-    assert rec.next_keyframe_ns - t == 5 * 10**9
+    # an 80 ms keyframe, then a 2 ms one: the interval holds
+    (_, slow), (_, quick) = keyframes_taking(monkeypatch, 5, 80_000_000, 2_000_000)
+    assert slow == 80_000_000 / recorder.FORCED_KEYFRAME_SHARE == 8 * 10**9
+    assert quick == 5 * 10**9
