@@ -104,8 +104,13 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServeProc
     try:
         side.start()
         push(side.endpoint, [wire.encode(f) for f in frames[:-1]])
-        wait_until("the engine to be synced", lambda: (e := side.engines()) and e[0]["synced"],
-                   30)
+        # Every frame taken before the poison goes out on a second connection: the
+        # receiver's PULL socket takes turns between connections, and a frame of the first
+        # read after the poison would be refused as a replay (its records come before
+        # the poison's), not accepted.
+        wait_until("every frame taken", lambda: side.value(
+            "kvscope_probe_frames_received_total") == len(frames) - 1, 30)
+        assert side.engines()[0]["synced"]
         push(side.endpoint, poison(frames[:-1]))
         wait_until("the poison frames to be refused",
                    lambda: side.value("kvscope_probe_frames_rejected_total",
@@ -122,7 +127,9 @@ def test_the_receiver_survives_poison_frames(served: tuple[ServeProcess, Any]) -
     # it still takes records, and a keyframe puts the engine back in sync
     before = side.value("kvscope_probe_records_received_total") or 0
     kf = [f for f in frames if any(isinstance(r, wire.Keyframe) for r in f.records)][-1]
-    push(side.endpoint, [wire.encode(kf)])
+    last = frames[-2]  # the session's last frame before the three poison frames
+    after = last.first_seq + len(last.records) + 3  # a keyframe sent after them, not a replay
+    push(side.endpoint, [wire.encode(msgspec.structs.replace(kf, first_seq=after))])
     wait_until("a record after the poison", lambda: (
         side.value("kvscope_probe_records_received_total") or 0) > before, 10)
     wait_until("the engine to be synced again", lambda: side.engines()[0]["synced"], 10)
