@@ -19,6 +19,8 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from kvscope_probe.identity import kv_managers
+
 KNOWN = ("0.32", "0.33")
 """vLLM minor versions whose sources this fingerprint was read from (all entries match)."""
 
@@ -178,7 +180,7 @@ def _foreign_manager(sched: Any) -> str:
     probe mirrors one pool and reads tables as the blocks each request holds there."""
     mgr = getattr(sched, "kv_cache_manager", None)
     pool = getattr(mgr, "block_pool", None)
-    for m in getattr(getattr(mgr, "coordinator", None), "single_type_managers", ()):
+    for m in kv_managers(mgr):
         name = type(m).__name__
         if getattr(m, "block_pool", pool) is not pool:
             return f"{name} allocates from a pool of its own, not the scheduler's"

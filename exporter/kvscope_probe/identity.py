@@ -139,6 +139,12 @@ def allocation_block_size(group: Any, managers: Any, index: int) -> int:
     return int(group.kv_cache_spec.block_size)
 
 
+def kv_managers(kv_cache_manager: Any) -> Any:
+    """vLLM's per-group KV cache managers of a scheduler's ``kv_cache_manager``, in
+    group order (none where its coordinator has none)."""
+    return getattr(getattr(kv_cache_manager, "coordinator", None), "single_type_managers", ())
+
+
 def hello(sched: Any, disabled: dict[str, str] | None = None) -> wire.Hello:
     """The Hello for vLLM scheduler ``sched``: a new session of this engine
     (``disabled``: the features the probe does not record, ``fingerprint``)."""
@@ -146,8 +152,7 @@ def hello(sched: Any, disabled: dict[str, str] | None = None) -> wire.Hello:
 
     cfg = sched.vllm_config
     pool = sched.kv_cache_manager.block_pool
-    managers = getattr(getattr(sched.kv_cache_manager, "coordinator", None),
-                       "single_type_managers", ())
+    managers = kv_managers(sched.kv_cache_manager)
     groups = [
         wire.KVGroup(type(g.kv_cache_spec).__name__, allocation_block_size(g, managers, i),
                      int(getattr(g.kv_cache_spec, "sliding_window", None) or 0))

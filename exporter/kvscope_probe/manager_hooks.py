@@ -31,7 +31,7 @@ def _null_ctx_off(rec: Any, a: Any, k: Any, ret: Any, outer: Any) -> None:
 
 
 def _null_ctx_raised(rec: Any, a: Any, k: Any, outer: Any) -> None:
-    rec.null_ctx = outer
+    _null_ctx_off(rec, a, k, None, outer)  # vLLM raised: the mark restored all the same
 
 
 def _relocated(rec: Any, a: Any, k: Any, ret: Any, st: Any) -> None:

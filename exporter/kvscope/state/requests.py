@@ -237,7 +237,7 @@ class RequestTracker:
             live = reqs.get(rid)
             if live is None or rid in whole:
                 continue
-            k = sum(b != 0 for b in n.block_ids)  # 0: vLLM's null block, never held
+            k = len(n.block_ids) - n.block_ids.count(0)  # 0: the null block, never held
             if k:
                 live.blocks -= k
                 out.add(rid)
