@@ -6,9 +6,12 @@ A keyframe copies the probe's mirror of the pool (no scan) and reads every runni
 request's block table through vLLM's ``get_block_ids``: a cost that grows with the
 blocks held. For each pool, vLLM's real scheduler (the twin, 16-token blocks, no prefix
 caching) admits ``--running`` requests whose prompts fill it, every prefill computed;
-then ``Recorder.keyframe`` runs ``--repeat`` times and each run's wall time is printed
-(ms), with the interval the probe then keeps before the next one: at least the keyframe's
-time / ``FORCED_KEYFRAME_SHARE`` (1%). A report: a table and one JSON line.
+then ``Recorder.keyframe`` runs ``--repeat`` times, each followed by the slices the next
+steps would read (``keyframe_slice``, back to back here: at most
+``KEYFRAME_SLICE_BLOCKS`` table entries a step); printed per run (ms): the whole
+keyframe's time, its longest single step (the pause vLLM sees) and its steps, with the
+interval the probe then keeps before the next one: at least the keyframe's time /
+``FORCED_KEYFRAME_SHARE`` (1%). A report: a table and one JSON line.
 """
 
 from __future__ import annotations
@@ -54,14 +57,22 @@ def measure(blocks: int, running: int, repeat: int) -> dict[str, object]:
             pooler_output=[]))
     pool = sched.kv_cache_manager.block_pool
     held = pool.num_gpu_blocks - pool.get_num_free_blocks()
-    took = []
+    took, pauses, slices = [], [], []
     for _ in range(repeat):
         t = time.perf_counter_ns()
         rec.keyframe(t)
-        took.append((time.perf_counter_ns() - t) / 1e6)
+        each = [time.perf_counter_ns() - t]
+        while rec.kf_rest is not None:  # the slices the next steps read, back to back here
+            t = time.perf_counter_ns()
+            rec.keyframe_slice(t)
+            each.append(time.perf_counter_ns() - t)
+        took.append(sum(each) / 1e6)
+        pauses.append(max(each) / 1e6)
+        slices.append(len(each))
     plugin.stop_all()
     return {"blocks": blocks, "running": len(sched.running), "held": held,
             "keyframe_ms": [round(x, 2) for x in took],
+            "longest_step_ms": [round(x, 2) for x in pauses], "steps": slices,
             "next_after_s_at_least": round(max(took) / recorder.FORCED_KEYFRAME_SHARE / 1e3, 3)}
 
 
@@ -72,9 +83,11 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
     rows = [measure(b, args.running, args.repeat) for b in args.blocks]
-    print(f"{'blocks':>8} {'running':>8} {'held':>8}  keyframe ms (each run)")
+    print(f"{'blocks':>8} {'running':>8} {'held':>8} {'steps':>6}  keyframe ms, all its steps"
+          "  /  its longest step, ms (each run)")
     for r in rows:
-        print(f"{r['blocks']:>8} {r['running']:>8} {r['held']:>8}  {r['keyframe_ms']}")
+        print(f"{r['blocks']:>8} {r['running']:>8} {r['held']:>8} {r['steps'][0]:>6}  "
+              f"{r['keyframe_ms']}  /  {r['longest_step_ms']}")
     print(json.dumps({"keyframe_cost": rows}))
 
 

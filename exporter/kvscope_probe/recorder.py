@@ -44,6 +44,12 @@ large pool's tables: milliseconds), the next one, forced or periodic, waits T / 
 neither a sidecar that reads, stalls and reads again nor a pool of a million blocks can
 make keyframes take more (benchmarks/README.md: 1.8-3.5 ms with 130,561 blocks held by
 256 requests)."""
+KEYFRAME_SLICE_BLOCKS = 8192
+"""Block-table entries a keyframe reads from vLLM in one step, at most (plus one request's
+table): the rest follow in ``wire.KeyframeTables`` records, one a step. Reading a table goes
+through vLLM's ``get_block_ids``, ~12-25 ns an entry warm and several times that cold
+(``benchmarks/keyframe_cost.py``): whole, a keyframe of 523,777 blocks held paused the
+engine thread 19-100 ms; a slice is well under a millisecond."""
 
 
 RING_BYTES = 64 << 20
@@ -96,6 +102,10 @@ class Recorder(PoolMirror):
         self.keyframe_interval_ns = int(keyframe_interval_s * 1e9)
         self.next_keyframe_ns = 0
         self.next_forced_ns = 0
+        self.kf_rest: list[str] | None = None
+        """Requests whose tables the keyframe under way has still to send (``keyframe``);
+        None when no keyframe is under way."""
+        self.kf_ns = 0  # engine-thread time of the keyframe under way, its slices so far
         self.wrap_ns = 0  # engine-thread time in the wrappers since the last step
         self.arrivals: list[wire.Arrival] = []
         self.ends: list[wire.End] = []
@@ -135,6 +145,7 @@ class Recorder(PoolMirror):
             self.ring_dropped += 1
             self.want_keyframe = True
             self.prev_cached = None
+            self.kf_rest = None  # the sidecar missed a record: the keyframe is no use now
             return
         self.pushed_bytes += len(data)
         self.ring.append((seq, data))
@@ -164,6 +175,7 @@ class Recorder(PoolMirror):
         self.faults += 1
         self.want_keyframe = True
         self.prev_cached = None
+        self.kf_rest = None
         if rescan:
             self.mark_dirty()
         if self.faults == 1:
@@ -343,7 +355,9 @@ class Recorder(PoolMirror):
         if self.repair_at is not None:
             self.repair_slice()
         due = t_end >= self.next_keyframe_ns
-        if self.repair_at is not None:
+        if self.kf_rest is not None:
+            self.keyframe_slice(t_end)  # one a step until the keyframe under way is whole
+        elif self.repair_at is not None:
             pass  # no keyframe from a mirror under repair: the ledger stays stale
         elif due or (self.want_keyframe and t_end >= self.next_forced_ns):
             self.keyframe(t_end)
@@ -371,22 +385,57 @@ class Recorder(PoolMirror):
         return out
 
     def keyframe(self, t_now: int) -> None:
-        """Copy the mirror (no pool scan) plus the running requests' block tables; while
-        a repair is under way, only ask for one when it completes."""
+        """Copy the mirror (no pool scan) plus the running requests' block tables, as many
+        as ``KEYFRAME_SLICE_BLOCKS`` entries allow; the rest follow, a slice a step
+        (``keyframe_slice``). While a repair is under way, only ask for one when it ends."""
         if self.repair_at is not None or self.ring_full():
             self.want_keyframe = True  # built once there is room: a full ring drops it
             return
         t0 = _now_ns()
         self.settle()
         self.want_keyframe = False
-        get_ids = self.mgr.get_block_ids
         # Requests that hold KV blocks while they wait (remote KV loads) own blocks too.
         holders = [*self.sched.running, *(self.kv_holding or ())]
-        tables = {r.request_id: get_ids(r.request_id) for r in holders}
+        tables, rest = self._tables([r.request_id for r in holders])
         tokens = {r.request_id: int(r.num_computed_tokens) for r in holders}
-        self.push(wire.Keyframe(self.hello, self.states, tables, tokens))
+        self.kf_rest = rest or None  # before the push: a dropped keyframe clears it
+        self.push(wire.Keyframe(self.hello, self.states, tables, tokens, rest))
         self.prev_cached = None  # the step after a keyframe carries its whole list
-        took = _now_ns() - t0
-        share = int(took / FORCED_KEYFRAME_SHARE)
+        self.kf_ns = _now_ns() - t0
+        self._keyframe_done(t_now)
+
+    def keyframe_slice(self, t_now: int) -> None:
+        """The next slice of the keyframe under way: the tables of its requests that still
+        hold blocks, read now (after this step's record, which the sidecar applies first)."""
+        t0 = _now_ns()
+        holding = {r.request_id for r in self.sched.running}
+        if self.kv_holding:
+            holding.update(r.request_id for r in self.kv_holding)
+        tables, rest = self._tables([rid for rid in self.kf_rest or () if rid in holding])
+        self.kf_rest = rest or None
+        self.push(wire.KeyframeTables(tables, not rest))
+        self.kf_ns += _now_ns() - t0
+        self._keyframe_done(t_now)
+
+    def _tables(self, rids: list[str]) -> tuple[dict[str, list[list[int]]], list[str]]:
+        """The tables of the first of ``rids``, read from vLLM, up to
+        ``KEYFRAME_SLICE_BLOCKS`` entries (or one table), and the requests left."""
+        get_ids = self.mgr.get_block_ids
+        tables: dict[str, list[list[int]]] = {}
+        entries = 0
+        for i, rid in enumerate(rids):
+            if entries >= KEYFRAME_SLICE_BLOCKS:
+                return tables, rids[i:]
+            groups = tables[rid] = get_ids(rid)
+            for ids in groups:
+                entries += len(ids)
+        return tables, []
+
+    def _keyframe_done(self, t_now: int) -> None:
+        """Once the keyframe is whole (or dropped), when the next may come: the interval,
+        and at least its engine-thread time (all its slices) / ``FORCED_KEYFRAME_SHARE``."""
+        if self.kf_rest is not None:
+            return
+        share = int(self.kf_ns / FORCED_KEYFRAME_SHARE)
         self.next_keyframe_ns = t_now + max(self.keyframe_interval_ns, share)
         self.next_forced_ns = t_now + max(int(FORCED_KEYFRAME_GAP_S * 1e9), share)

@@ -16,15 +16,16 @@ from typing import Union
 
 import msgspec
 
-WIRE_VERSION = 4
-VERSION_TAG = b"kvscope/4"
-ACCEPTED_TAGS = frozenset({b"kvscope/2", b"kvscope/3", VERSION_TAG})
+WIRE_VERSION = 5
+VERSION_TAG = b"kvscope/5"
+ACCEPTED_TAGS = frozenset({b"kvscope/2", b"kvscope/3", b"kvscope/4", VERSION_TAG})
 """Version 3 may send a step's scheduled tokens as ``Step.scheduled_counts`` and its
 ``cached_ids`` as "the previous step's" (``Step.cached_same``); version 4 also as the
 previous step's with some taken out and some appended (``Step.cached_removed``). Frames of
 an older probe decode the same (the fields are absent). An older sidecar refuses a newer
 version by its tag rather than read an empty ``num_scheduled`` or a list's tail as the
-whole list."""
+whole list. Version 5 may send a large pool's keyframe across steps (``Keyframe.pending``,
+``KeyframeTables``)."""
 
 # Block operation kinds (first element of an op tuple).
 OP_ALLOC = 0  # free -> used (get_new_blocks, touch of a free block)
@@ -290,6 +291,23 @@ class Keyframe(msgspec.Struct, tag="keyframe", array_like=True, frozen=True, gc=
     """Block table of every running request, one list per KV group."""
     tokens: dict[str, int]
     """Computed tokens of every running request."""
+    pending: list[str] = []
+    """Running requests whose tables are not in ``tables`` but follow, read at the end of
+    the next steps, in ``KeyframeTables`` records (a keyframe reads at most
+    ``recorder.KEYFRAME_SLICE_BLOCKS`` of vLLM's block tables a step, so its pause on the
+    engine thread does not grow with the pool). [] when ``tables`` holds them all, as in
+    frames of probes before it."""
+
+
+class KeyframeTables(msgspec.Struct, tag="keyframe_tables", array_like=True, frozen=True,
+                     gc=False):
+    """More tables of the keyframe before it, each read from vLLM at the end of the step
+    recorded just before this record (so the steps between have changed them already):
+    those of its ``pending`` requests that still hold blocks."""
+
+    tables: dict[str, list[list[int]]]
+    last: bool
+    """No table of that keyframe follows."""
 
 
 class ClientStart(msgspec.Struct, tag="client_start", array_like=True, frozen=True, gc=False):
@@ -350,7 +368,7 @@ class Heartbeat(msgspec.Struct, tag="heartbeat", array_like=True, frozen=True, g
     it, or the read failed)."""
 
 
-Record = Union[Hello, Step, Keyframe, Heartbeat, ClientStart, ClientEnd]  # noqa: UP007 - msgspec, 3.10
+Record = Union[Hello, Step, Keyframe, KeyframeTables, Heartbeat, ClientStart, ClientEnd]  # noqa: UP007 - msgspec, 3.10
 
 
 CLIENT_ENGINE_PREFIX = "api:"

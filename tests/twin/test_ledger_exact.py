@@ -12,7 +12,7 @@ import pytest
 
 from kvscope.state.hub import Hub
 from kvscope.twin import TwinConfig, WorkloadSpec, generate
-from kvscope_probe import plugin, wire
+from kvscope_probe import plugin, recorder, wire
 from kvscope_probe.recorder import Recorder
 from kvscope_probe.sender import take_batch
 from tests.twin.exactness import dict_materialised, figures_difference, max_run, pool_truth
@@ -27,6 +27,14 @@ def drain(rec: Recorder, hub: Hub, forms: dict[str, int] | None = None) -> None:
         parts = wire.encode(take_batch(rec))
         if forms is not None:  # which form each step's scheduled tokens took on the wire
             for r in wire.decode(parts).records:
+                if isinstance(r, (wire.Keyframe, wire.KeyframeTables)):
+                    sizes = [sum(map(len, t)) for t in r.tables.values()]
+                    # entries read from vLLM in one step: the slice, overrun by one table
+                    forms["slice_over"] = max(forms["slice_over"],
+                                              sum(sizes) - max(sizes, default=0))
+                    forms["keyframes"] += isinstance(r, wire.Keyframe)
+                    forms["sliced"] += isinstance(r, wire.Keyframe) and bool(r.pending)
+                    forms["slices"] += isinstance(r, wire.KeyframeTables)
                 if isinstance(r, wire.Step) and (r.num_scheduled or r.scheduled_counts):
                     forms["counts" if r.scheduled_counts else "dict"] += 1
                     forms["same"] += r.cached_same
@@ -35,11 +43,12 @@ def drain(rec: Recorder, hub: Hub, forms: dict[str, int] | None = None) -> None:
         assert hub.accept(parts)
 
 
-def run_checked(policy: str, num_blocks: int, n_requests: int, seed: int) -> dict[str, int]:
+def run_checked(policy: str, num_blocks: int, n_requests: int, seed: int,
+                keyframe_interval_s: float = 3600) -> dict[str, int]:
     assert plugin.enable(None)
     twin = Twin(TwinConfig(num_blocks=num_blocks, policy=policy), seed=seed)
     sched = twin.scheduler
-    rec = Recorder(sched, ring_size=1 << 20, keyframe_interval_s=3600)
+    rec = Recorder(sched, ring_size=1 << 20, keyframe_interval_s=keyframe_interval_s)
     plugin.bind(sched, rec)
     rec.push(rec.hello)
     hub = Hub()
@@ -48,7 +57,8 @@ def run_checked(policy: str, num_blocks: int, n_requests: int, seed: int) -> dic
     dict_at_start = dict_materialised(coord)  # False on vLLM 0.32: the slots are inline
     stats = {"steps": 0, "checked": 0, "preemptions": 0, "disarmed": 0,
              "arm_below": rec.arm_below}
-    forms = stats["forms"] = {"counts": 0, "dict": 0, "same": 0, "edit": 0, "edit_out": 0}  # type: ignore[assignment]
+    forms = stats["forms"] = {"counts": 0, "dict": 0, "same": 0, "edit": 0, "edit_out": 0,  # type: ignore[assignment]
+                              "keyframes": 0, "sliced": 0, "slices": 0, "slice_over": 0}
 
     def checked_schedule(*args: object, **kwargs: object) -> object:
         """The probe records at the end of schedule(): compare the pool right there."""
@@ -136,3 +146,18 @@ def test_ledger_equals_block_pool_every_step(policy: str) -> None:
     forms = stats["forms"]
     assert forms["counts"] > forms["same"] > 0 and forms["dict"] == 0, forms  # type: ignore[index]
     assert forms["edit"] > forms["edit_out"] > 0, forms  # type: ignore[index]
+
+
+def test_keyframes_read_across_steps_keep_the_ledger_exact_at_every_step(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A keyframe reads at most KEYFRAME_SLICE_BLOCKS table entries (and one table more) of
+    vLLM's block tables in a step, the rest in the next steps' slices, so its pause does
+    not grow with the pool; the ledger, checked against vLLM's pool and tables after every
+    step while keyframes come every few steps, never loses sync and never disagrees."""
+    monkeypatch.setattr(recorder, "KEYFRAME_SLICE_BLOCKS", 6)
+    monkeypatch.setattr(recorder, "FORCED_KEYFRAME_SHARE", 1.0)  # the next one at once
+    stats = run_checked("fcfs", num_blocks=48, n_requests=200, seed=1, keyframe_interval_s=0)
+    forms = stats["forms"]
+    assert stats["checked"] == stats["steps"] and stats["preemptions"] > 0
+    assert forms["sliced"] > 20 and forms["slices"] > forms["sliced"], forms  # type: ignore[index]
+    assert 0 < forms["slice_over"] < 6, forms  # type: ignore[index]

@@ -82,3 +82,50 @@ def test_keyframe_reports_disagreement_only_when_in_sync() -> None:
     assert led.free == 9
     with pytest.raises(ValueError):
         led.load(wire.Keyframe(hello=hello(), states=b"\x00", tables={}, tokens={}))
+
+
+def _sliced(tables: dict[str, list[list[int]]], pending: list[str],
+            used: tuple[int, ...] = (1, 2, 3, 4)) -> wire.Keyframe:
+    states = bytes([3] + [2 if i in used else 0 for i in range(1, 10)])
+    return wire.Keyframe(hello=hello(num_blocks=10), states=states, tables=tables,
+                         tokens={"a": 4, "b": 8}, pending=pending)
+
+
+def test_a_keyframe_sent_across_steps_syncs_a_stale_ledger_only_with_its_last_slice() -> None:
+    """A large pool's keyframe comes as a first slice of tables and the rest in the next
+    steps' KeyframeTables: a stale ledger is exact only once every table has come, and a
+    gap before the last slice leaves it stale (the slices after it complete nothing)."""
+    led = Ledger(10, [4])
+    assert led.load(_sliced({"a": [[1]]}, ["b"])) is False
+    assert not led.synced and led.free == 5  # the states are whole; b's table is not here
+    assert led.load_tables(wire.KeyframeTables({"b": [[2, 3]]}, last=False)) is False
+    assert not led.synced
+    assert led.load_tables(wire.KeyframeTables({}, last=True)) is False
+    assert led.synced and led.tables == {"a": [[1]], "b": [[2, 3]]}
+    assert led.tokens == {"a": 4, "b": 8}
+    # stale again, a new keyframe begins, and a gap comes before its last slice
+    led.stale()
+    led.load(_sliced({"a": [[1]]}, ["b"]))
+    led.stale()
+    led.load_tables(wire.KeyframeTables({"b": [[2, 3, 4]]}, last=True))
+    assert not led.synced
+
+
+def test_an_in_sync_ledger_keeps_its_tables_until_the_slices_and_counts_disagreement() -> None:
+    led = Ledger(10, [4])
+    led.load(_sliced({"a": [[1]], "b": [[2, 3]]}, []))
+    assert led.synced
+    # the same pool sent across steps: b's own table stays (and in sync) until its slice
+    assert led.load(_sliced({"a": [[1]]}, ["b"])) is False
+    assert led.synced and led.tables["b"] == [[2, 3]]
+    assert led.load_tables(wire.KeyframeTables({"b": [[2, 3]]}, last=True)) is False
+    # a slice that disagrees with an in-sync ledger is a mismatch, and it is adopted
+    led.load(_sliced({"a": [[1]]}, ["b"]))
+    assert led.load_tables(wire.KeyframeTables({"b": [[2, 4]]}, last=True)) is True
+    assert led.tables["b"] == [[2, 4]]
+    # a keyframe whose pending requests the ledger does not hold disagrees too
+    assert led.load(_sliced({"a": [[1]]}, ["b", "c"])) is True
+    # a slice naming a block outside the pool is refused before anything changes
+    with pytest.raises(ValueError):
+        led.load_tables(wire.KeyframeTables({"b": [[2, 10]]}, last=True))
+    assert led.tables["b"] == [[2, 4]]

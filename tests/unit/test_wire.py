@@ -99,7 +99,7 @@ def test_counts_that_do_not_fit_their_requests_are_refused(bad: dict[str, object
 def test_frames_of_older_probes_still_decode_and_other_versions_do_not() -> None:
     """An engine whose probe is a release or two behind keeps being read: a version-2 step
     has no scheduled_counts, a version-3 step no cached_removed (the field is absent from
-    its array, not nil)."""
+    its array, not nil), a version-4 keyframe no pending requests."""
     body = wire.encode(frame([step(num_scheduled={"a": 3}, cached_ids=["a"],
                                    cached_computed=[1])]))[1]
     got = wire.decode([b"kvscope/2", body]).records[0]
@@ -109,7 +109,14 @@ def test_frames_of_older_probes_still_decode_and_other_versions_do_not() -> None
     raw[5][0] = raw[5][0][:-1]  # as a version-3 probe sends it
     got = wire.decode([b"kvscope/3", msgspec.msgpack.encode(raw)]).records[0]
     assert got.cached_removed is None and got.cached_ids == ["a"]
-    for tag in (b"kvscope/5", b"kvscope/1"):
+    # a version-4 keyframe has no pending requests: every table is in it
+    kf = wire.Keyframe(hello=hello(num_blocks=2), states=b"\x03\x00", tables={}, tokens={})
+    raw = msgspec.msgpack.decode(wire.encode(frame([kf]))[1])
+    assert raw[5][0][-1] == []  # pending, the last field of a keyframe
+    raw[5][0] = raw[5][0][:-1]
+    got = wire.decode([b"kvscope/4", msgspec.msgpack.encode(raw)]).records[0]
+    assert isinstance(got, wire.Keyframe) and got.pending == []
+    for tag in (b"kvscope/6", b"kvscope/1"):
         with pytest.raises(wire.WireError) as err:
             wire.decode([tag, body])
         assert err.value.reason == "version"

@@ -146,10 +146,10 @@ class EngineState:
         (its mirror may be under repair), makes the ledger stale until the next keyframe."""
         if frame.first_seq != self.next_seq:
             self.counters.gaps += 1
-            self.ledger.synced = False
+            self.ledger.stale()
             self.prev_cached = None
         if frame.faults > self.probe_faults:
-            self.ledger.synced = False
+            self.ledger.stale()
         self.next_seq = frame.first_seq + len(frame.records)
         self.probe_dropped = frame.dropped
         self.sender_cpu_ns = max(self.sender_cpu_ns, frame.sender_cpu_ns)
@@ -168,6 +168,9 @@ class EngineState:
             if self.ledger.load(record):
                 self.counters.ledger_mismatches += 1
             self._sample_maxrun(force=True)
+        elif isinstance(record, wire.KeyframeTables):
+            if self.ledger.load_tables(record):
+                self.counters.ledger_mismatches += 1
         elif not isinstance(record, wire.Hello):
             raise ValueError(f"{type(record).__name__} in an engine frame")
 
@@ -183,7 +186,7 @@ class EngineState:
         if s.cached_same or s.cached_removed is not None:
             prev = self.prev_cached
             if prev is None:  # a record was missed: the list is unknown until the probe
-                self.ledger.synced = False  # resends it (after its next keyframe)
+                self.ledger.stale()  # resends it (after its next keyframe)
                 return msgspec.structs.replace(
                     s, cached_same=False, cached_removed=None, cached_ids=[],
                     cached_computed=[], scheduled_counts=[], num_scheduled={}), None
@@ -235,9 +238,9 @@ class EngineState:
 
         if led.synced and led.free != s.free_blocks:
             c.ledger_mismatches += 1
-            led.synced = False
+            led.stale()
         if s.audit is not None and audit.check(self.audit, led, s.audit):
-            led.synced = False
+            led.stale()
         self.last_step = s
         now = time.monotonic()
         if not self.history or now - self.history[-1][0] >= 1.0:

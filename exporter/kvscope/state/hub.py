@@ -139,7 +139,7 @@ class Hub:
             except Exception as exc:  # noqa: BLE001 - a bad frame must never stop the receiver
                 state = self.sessions.get(frame.session)
                 if state is not None:  # the frame's later records are lost: no gap says so
-                    state.ledger.synced = False
+                    state.ledger.stale()
                     state.prev_cached = None  # nor what "the same list" refers to
                 self.refuse("invalid", f"engine {frame.engine!r}: {exc}")
                 return False
@@ -218,7 +218,7 @@ class Hub:
         if state is not None:
             state.probe_dropped = frame.dropped
             if frame.faults > state.probe_faults:
-                state.ledger.synced = False  # the probe's mirror may be under repair
+                state.ledger.stale()  # the probe's mirror may be under repair
             state.probe_faults = frame.faults
 
     def _admit(self, hello: wire.Hello, first_seq: int) -> EngineState:

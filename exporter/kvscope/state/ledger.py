@@ -41,6 +41,9 @@ class Ledger:
         self.free = max(0, num_blocks - 1)
         self.cached = 0
         self.synced = False
+        self.awaiting = False
+        """A keyframe sent across steps (``Keyframe.pending``) came while stale: the ledger
+        is in sync once its last ``KeyframeTables`` arrives, unless it goes stale first."""
         self.tables: dict[str, list[list[int]]] = {}
         """Block table of every running request, one list per KV group; block 0 is vLLM's
         null block (a placeholder for blocks a sliding window released)."""
@@ -124,8 +127,15 @@ class Ledger:
         finally:
             self.free, self.cached, self._marked = free, cached, marked
 
+    def stale(self) -> None:
+        """Out of sync (a gap, a failed check) until the next keyframe is whole."""
+        self.synced = False
+        self.awaiting = False
+
     def load(self, kf: wire.Keyframe) -> bool:
-        """Adopt a keyframe; return True when an in-sync ledger disagreed with it."""
+        """Adopt a keyframe; return True when an in-sync ledger disagreed with it. The
+        tables of its ``pending`` requests follow (``load_tables``): an in-sync ledger keeps
+        its own until then and stays in sync; a stale one is in sync after the last."""
         if len(kf.states) != self.num_blocks:
             raise ValueError(f"keyframe has {len(kf.states)} blocks, pool has {self.num_blocks}")
         states = np.frombuffer(kf.states, dtype=np.uint8)  # checked before anything is replaced
@@ -136,10 +146,12 @@ class Ledger:
         for groups in kf.tables.values():
             for ids in groups:
                 self._check_ids(ids)
+        pending = kf.pending
         mismatch = self.synced and (
             bytes(self.states) != kf.states or self._tables_differ(kf)
             or self.tokens != kf.tokens
         )
+        old = self.tables
         self.states = bytearray(kf.states)
         self._marked = ALL
         arr = self.array()
@@ -150,12 +162,32 @@ class Ledger:
         self.nulls = [0] * len(self.group_block_sizes)
         for rid, groups in kf.tables.items():
             self._set_table(rid, groups)
+        for rid in pending:  # its own table until the keyframe's arrives (or none)
+            table = old.get(rid)
+            if table is not None and rid not in self.tables:
+                self.tables[rid] = table
+                self._count_nulls(table, 1)
         self.counts.reset(kf.tokens)
-        self.synced = True
+        self.awaiting = bool(pending) and not self.synced
+        self.synced = self.synced or not pending
+        return mismatch
+
+    def load_tables(self, part: wire.KeyframeTables) -> bool:
+        """Adopt the tables of a keyframe's slice, read by the probe after the step this
+        ledger applied last; True when an in-sync ledger held other tables for them."""
+        for groups in part.tables.values():
+            for ids in groups:
+                self._check_ids(ids)
+        tables = self.tables
+        mismatch = self.synced and any(tables.get(k) != v for k, v in part.tables.items())
+        for rid, groups in part.tables.items():
+            self._set_table(rid, groups)
+        if part.last and self.awaiting:
+            self.synced, self.awaiting = True, False
         return mismatch
 
     def _tables_differ(self, kf: wire.Keyframe) -> bool:
-        if set(self.tables) != set(kf.tables):
+        if set(self.tables) != set(kf.tables).union(kf.pending):
             return True
         return any(self.tables[k] != v for k, v in kf.tables.items())
 
