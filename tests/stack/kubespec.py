@@ -4,7 +4,8 @@
 against the Kubernetes OpenAPI schema (strict: an unknown field is an error, as
 ``kubectl apply --validate=strict`` makes it); the Prometheus Operator's kinds are checked
 against the CRDs vendored in tests/stack/crds (see its README), made strict the same way.
-checkov runs from its own venv (tools/checkov, installed from its pinned requirements).
+checkov runs from its own venv (tools/checkov, installed from its pinned requirements by
+``scripts/install.sh --dev``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import kubernetes_validate
 import yaml
 
 from tests.stack.composespec import ROOT
+from tests.stack.tools import require
 
 KUBE = ROOT / "deploy" / "kubernetes"
 OVERLAYS = sorted(p.parent for p in (KUBE / "overlays").glob("*/kustomization.yaml"))
@@ -120,15 +122,8 @@ def validate(obj: Obj) -> list[str]:
 
 
 def checkov() -> str:
-    """The checkov executable of tools/checkov/.venv, installed there on first use."""
-    exe = CHECKOV / ".venv" / "bin" / "checkov"
-    if not exe.is_file():
-        subprocess.run(["python3", "-m", "venv", str(CHECKOV / ".venv")], check=True,
-                       timeout=120)
-        subprocess.run([str(CHECKOV / ".venv" / "bin" / "pip"), "install", "--quiet",
-                        "--disable-pip-version-check", "-r", str(CHECKOV / "requirements.txt")],
-                       check=True, capture_output=True, timeout=900)
-    return str(exe)
+    """The checkov executable of tools/checkov/.venv (``scripts/install.sh --dev``)."""
+    return str(require(CHECKOV / ".venv" / "bin" / "checkov", "checkov"))
 
 
 def scan(directory: Path) -> Obj:
