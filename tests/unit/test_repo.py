@@ -36,6 +36,37 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
     assert tests in ci_lines
 
 
+def test_every_python_dependency_is_pinned_within_its_range() -> None:
+    """scripts/install.sh installs with ``-c constraints.txt``: each dependency
+    pyproject.toml names (the probe's, the sidecar's, the vllm and dev extras') has a pin
+    there that its range admits, so a fresh machine installs what the tests ran with. A
+    dependency added without regenerating the lock (scripts/lock-constraints.py) fails."""
+    import tomllib
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    install = (ROOT / "scripts" / "install.sh").read_text()
+    assert "-c constraints.txt" in install
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            assert version, f"{line!r} is not an exact pin"
+            pins[canonicalize_name(name)] = version
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    probe = tomllib.loads((ROOT / "exporter" / "kvscope_probe" / "pyproject.toml")
+                          .read_text())["project"]
+    named = [*project["dependencies"], *probe.get("dependencies", []),
+             *(d for extra in project["optional-dependencies"].values() for d in extra)]
+    for text in named:
+        req = Requirement(text)
+        if canonicalize_name(req.name) in ("kvscope", "kvscope-probe"):
+            continue
+        version = pins.get(canonicalize_name(req.name))
+        assert version is not None, f"{req.name} is not pinned in constraints.txt"
+        assert req.specifier.contains(version, prereleases=True), (req.name, version)
+
+
 def readme_metric_rows() -> list[tuple[list[tuple[str, str | None]], set[str] | None]]:
     """The README's Metrics table: per row, the names of its first cell (each with the
     labels written after it, or None) and the row's labels (None: ``{...}``, any).
