@@ -4,12 +4,18 @@ side and the twin's side of the fidelity gate are one measurement."""
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from kvscope.rows import EngineConfig, RequestTrace, epoch_ms
+from kvscope.store import query
+from kvscope.whatif import cli as whatif
 from kvscope.whatif.recorded import OUTCOME_KEYS, figures, has_outcomes, outcome_records
 from tests.clickhouse.test_queries import Run, run, saved  # noqa: F401 (the fixture)
+from tests.twin.test_whatif import cli, parse
 
 pytestmark = [pytest.mark.clickhouse, pytest.mark.twin]
 
@@ -18,7 +24,11 @@ def test_replay_traffic_equals_the_records_python_makes(run: Run) -> None:  # no
     stored = saved(run, "replay_traffic")
     made = outcome_records(run.rows)
     assert len(stored) == len(made) == len(run.traces) == 80
-    assert stored == made
+    assert [{k: r[k] for k in made[0]} for r in stored] == made
+    # what the query adds of the store's engine: its life (the twin's records have none)
+    (config,) = [r for r in run.rows if isinstance(r, EngineConfig)]
+    assert {(r["session"], r["session_start"]) for r in stored} == {
+        (config.session, epoch_ms(config.ts) / 1000)}
     assert has_outcomes(stored) and set(OUTCOME_KEYS) <= set(stored[0])
     assert [r["arrival_step"] for r in stored] == sorted(r["arrival_step"] for r in stored)
     assert len({r["priority"] for r in stored}) > 1  # the mix's priorities came through
@@ -47,3 +57,64 @@ def test_one_engine_name_on_two_servers_is_refused_not_mixed(
     with pytest.raises(Exception, match="several engines: give --param server="):
         saved(two, "replay_traffic")
     assert saved(two, "replay_traffic", server="a") == saved(run, "replay_traffic")
+
+
+def next_life(rows: list[Any], shift: float, session: str) -> list[Any]:
+    """``rows`` again as the same engine's next life, ``shift`` seconds later: a new probe
+    session (its hello, its ``engine_configs`` row), steps counted from 1 again, new
+    request IDs. What the store holds after the engine restarted."""
+    from dataclasses import replace
+
+    out = []
+    for r in rows:
+        changes: dict[str, Any] = {"ts": r.ts + shift}
+        if isinstance(r, RequestTrace):
+            changes["arrival_ts"] = r.arrival_ts + shift
+        if getattr(r, "request_id", ""):
+            changes["request_id"] = "after-" + r.request_id
+        if isinstance(r, EngineConfig):
+            changes["session"] = session
+        out.append(replace(r, **changes))
+    return out
+
+
+def replay_file(path: Path, records: list[dict[str, Any]]) -> Path:
+    """``records`` as ``kvscope query replay_traffic --format json`` writes them."""
+    path.write_text(query.render(list(records[0]), [list(r.values()) for r in records],
+                                 "json"))
+    return path
+
+
+def test_a_window_over_an_engine_restart_is_refused_with_the_windows_either_side(
+        run: Run, store_rows: Any, tmp_path: Path,  # noqa: F811
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The engine restarted (a new probe session) a minute after the run's last row and
+    served the same traffic again: both lives' steps count from 1, so a window over both
+    replayed 160 requests as one engine's, under one config. whatif refuses it (exit 2,
+    as bad input), naming the restart and the window on either side, and each of those
+    windows is one whole life."""
+    (config,) = [r for r in run.rows if isinstance(r, EngineConfig)]
+    shift = max(r.ts for r in run.rows) - config.ts + 60.0
+    rows = [*run.rows, *next_life(run.rows, shift, "s-after")]
+    two = Run(store_rows(rows), run.traces, [], rows, run.dsn, "")
+    restart = epoch_ms(config.ts + shift)  # the new session's hello, as the store keeps it
+    both = saved(two, "replay_traffic")
+    assert len(both) == 160
+    rc, out, err = cli(capsys, "--replay", str(replay_file(tmp_path / "both.json", both)))
+    assert rc == 2 and out == ""
+    stamp = datetime.fromtimestamp(restart / 1000, timezone.utc).strftime(
+        "%Y-%m-%d %H:%M:%S.%f")[:-3]
+    assert f"restarted at {stamp} UTC (epoch {restart / 1000:.3f}, probe session s-after)" in err
+    assert f"--param until={(restart - 1) / 1000:.3f}" in err
+    assert f"--param since={restart / 1000:.3f}" in err
+    before = saved(two, "replay_traffic", until=f"{(restart - 1) / 1000:.3f}")
+    after = saved(two, "replay_traffic", since=f"{restart / 1000:.3f}")
+    assert before == saved(run, "replay_traffic")
+    assert {r["session"] for r in before} == {config.session}
+    assert [r["request_id"] for r in after] == ["after-" + r["request_id"] for r in before]
+    assert {r["session"] for r in after} == {"s-after"}
+    for side in (before, after):
+        work, errors = whatif.plan(parse("--replay", str(replay_file(tmp_path / "side.json",
+                                                                     side))))
+        assert errors == [] and work is not None and len(work.requests) == 80
+

@@ -24,6 +24,9 @@ table replay as they are. Recognised keys:
   a recorded run: ``--baseline`` checks the twin against it (``kvscope.whatif.recorded``).
   Records of one step replay in file order, which ``replay_traffic`` makes vLLM's queue
   order; ``engine`` (optional) must be one value per file.
+- ``session`` with ``session_start`` (as ``replay_traffic`` writes them): the probe
+  session, one life of the engine, each request arrived in; a file of several is refused
+  with the window on either side of each restart (``kvscope.whatif.window``).
 
 Prompts are synthetic token IDs of the recorded lengths, drawn from ``seed``: kvscope never
 stores prompt text or tokens. Shared prefixes survive only where the file names them;
@@ -41,6 +44,7 @@ from typing import Any
 
 from kvscope.times import epoch_seconds
 from kvscope.twin.workload import TOKEN_ID_MAX, TOKEN_ID_MIN, TwinRequest
+from kvscope.whatif.window import lives, restart_error
 
 MAX_ERRORS_SHOWN = 20
 _CLOCKS = ("arrival_step", "arrival_s", "arrival_ts")
@@ -210,6 +214,9 @@ def load(path: Path, *, seed: int, step_ms: float, max_model_len: int,
     if len(engines) > 1:
         errors.append(f"records of {len(engines)} engines ({', '.join(sorted(engines))}): "
                       "steps count per engine, replay one (replay_traffic --param engine=)")
+    restarted = restart_error(lives(records, errors))
+    if restarted:
+        errors.append(restarted)
     if errors:
         raise ReplayError(errors)
     return Replay(requests, _notes(records, requests, max_model_len, aborted), kept)

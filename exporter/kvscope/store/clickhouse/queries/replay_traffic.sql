@@ -9,7 +9,12 @@
 -- after a step that gave it blocks. `--format json` is a replay file; whatif replays the
 -- arrivals step for step and reports how far its own figures are from these. Steps count
 -- from the engine's start, so one replay is one engine's: a window holding several (every
--- server's first engine is 0) is refused with the parameters to give.
+-- server's first engine is 0) is refused with the parameters to give. An engine that
+-- restarts counts steps from 1 again, under a new probe session and maybe other settings:
+-- `session` is the one the request arrived in (the latest `engine_configs` session
+-- attached at or before its arrival; '' when that table has none) and `session_start`
+-- when that session's probe attached (epoch seconds), so whatif refuses a window over a
+-- restart and names the windows on either side.
 -- @param since = 0            earliest arrival, epoch seconds
 -- @param until = 99999999999  latest arrival, epoch seconds
 -- @param model = ''           one model ('' = all)
@@ -29,7 +34,9 @@ SELECT
     t.recomputed_tokens AS recomputed_tokens,
     t.cached_tokens AS cached_tokens,
     e.min_free_blocks AS min_free_blocks,
-    t.finish_reason AS finish_reason
+    t.finish_reason AS finish_reason,
+    s.session AS session,
+    s.attached AS session_start
 FROM request_traces AS t
 INNER JOIN
 (
@@ -50,6 +57,15 @@ INNER JOIN
     GROUP BY server, engine, request_id
     HAVING countIf(event = 'queued') > 0
 ) AS e ON e.server = t.server AND e.engine = t.engine AND e.request_id = t.request_id
+ASOF LEFT JOIN
+(
+    -- a session's row is written again every hour: it attached at its first
+    SELECT server, engine, session, toFloat64(min(ts)) AS attached
+    FROM engine_configs
+    WHERE ({engine:String} = '' OR engine = {engine:String})
+      AND ({server:String} = '' OR server = {server:String})
+    GROUP BY server, engine, session
+) AS s ON s.server = t.server AND s.engine = t.engine AND s.attached <= toFloat64(t.arrival_ts)
 WHERE toFloat64(t.arrival_ts) BETWEEN {since:Float64} AND {until:Float64}
   AND ({model:String} = '' OR t.model = {model:String})
   AND ({engine:String} = '' OR t.engine = {engine:String})

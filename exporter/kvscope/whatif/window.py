@@ -1,0 +1,64 @@
+"""The stored window a replay file was read from (the saved query ``replay_traffic``):
+the engine lives it spans.
+
+An engine that restarts counts its steps from 1 again, under a new probe session and
+maybe other settings, while ``request_traces`` and ``request_events`` name the engine
+only. ``replay_traffic`` gives each request the session it arrived in (``session``, the
+latest ``engine_configs`` session attached at or before its arrival) and when that
+session attached (``session_start``); a window holding two sessions would replay both
+lives' requests as one step series under one config, so the replay refuses it and names
+the window on either side of each restart. Records without a session (a file from before
+the column, a store with no ``engine_configs`` row) cannot show a restart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from itertools import pairwise
+from typing import Any
+
+from kvscope.times import epoch_seconds
+
+
+def lives(records: Sequence[dict[str, Any]], errors: list[str]) -> list[tuple[int, str]]:
+    """(attach time in epoch milliseconds, session) of each probe session ``records``
+    name, earliest first; a ``session_start`` that is not a time is reported."""
+    found: dict[str, int] = {}
+    for rec in records:
+        session = rec.get("session")
+        if session in (None, "") or session in found:
+            continue
+        try:
+            found[str(session)] = round(epoch_seconds(rec.get("session_start")) * 1000)
+        except (TypeError, ValueError):
+            errors.append(f"{rec.get('_where', 'a record')}: session_start must be seconds "
+                          f"or a date-time, got {rec.get('session_start')!r}")
+    return sorted((ms, s) for s, ms in found.items())
+
+
+def _stamp(ms: int) -> str:
+    at = datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+    return f"{at[:-3]} UTC (epoch {ms / 1000:.3f}, probe session "
+
+
+def restart_error(found: list[tuple[int, str]]) -> str | None:
+    """Why a window over ``found`` sessions cannot be replayed, with the windows that
+    can (``replay_traffic``'s ``since`` and ``until``, in epoch seconds); None for one."""
+    if len(found) < 2:
+        return None
+    restarts = found[1:]
+    when = " and at ".join(f"{_stamp(ms)}{s})" for ms, s in restarts)
+    bounds: list[int | None] = [None, *(ms for ms, _ in restarts), None]
+    windows = []
+    for since, until in pairwise(bounds):
+        given = ([f"--param since={since / 1000:.3f}"] if since is not None else []) + (
+            [f"--param until={(until - 1) / 1000:.3f}"] if until is not None else [])
+        windows.append(" ".join(given))
+    labels = (["before it", "after it"] if len(windows) == 2
+              else [f"life {i}" for i in range(1, len(windows) + 1)])
+    return (f"the engine restarted at {when} inside the window: its steps count from 1 "
+            "again, maybe under other settings, so one replay of its lives together "
+            "would be false; read one life (kvscope query replay_traffic, your other "
+            "parameters as they were): "
+            + "; ".join(f"{label}, {w}" for label, w in zip(labels, windows, strict=True)))
