@@ -17,7 +17,7 @@ import pytest
 from kvscope import cli
 from kvscope.explain import render_json, render_text
 from kvscope.explain.counterfactual import ENGINE, counterfactual
-from kvscope.rows import RequestTrace
+from kvscope.rows import EngineConfig, RequestTrace
 from kvscope.sinks.base import SinkManager
 from kvscope.state.requests import RequestTracker
 from kvscope.store.sink import ClickHouseSink
@@ -114,6 +114,26 @@ def test_a_failing_gate_shows_no_alternatives(run: Run,  # noqa: F811
     assert got["fidelity"]["failing"]
     text = render_text.render(body)
     assert "the fidelity gate FAILS" in text and "no counterfactual is shown" in text
+
+
+def test_the_window_is_the_requests_own_life_when_the_engine_restarted_in_it(
+        run: Run, store_rows: Any) -> None:  # noqa: F811
+    """The engine restarted a minute after the run and served it again: a window over
+    both lives held 160 requests, two step series replayed as one. It is the request's
+    own life (its probe session), exactly the answer of a store of that life alone."""
+    from tests.clickhouse.test_replay_traffic import next_life
+
+    (config,) = [r for r in run.rows if isinstance(r, EngineConfig)]
+    shift = max(r.ts for r in run.rows) - config.ts + 60.0
+    client = store_rows([*run.rows, *next_life(run.rows, shift, "s-after")])
+    t = worst(run.traces)
+    alone = counterfactual(run.client, "0", "", t.request_id, queued_ts=t.arrival_ts,
+                           end_ts=t.ts, baseline="blocks:48", window_s=3600)
+    after = counterfactual(client, "0", "", "after-" + t.request_id,
+                           queued_ts=t.arrival_ts + shift, end_ts=t.ts + shift,
+                           baseline="blocks:48", window_s=3600)
+    assert alone["window"] == 80 and "errors" not in alone
+    assert after == alone
 
 
 @pytest.fixture(scope="module")

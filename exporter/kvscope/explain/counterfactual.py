@@ -6,7 +6,9 @@ this request's preemptions and latency in steps. A failing gate: no alternatives
 The window is every request of the same engine that arrived from ``window_s`` before this
 one up to its end (saved query ``replay_traffic``), steps counted from the window's first
 arrival. Requests already running when the window opens are not in it: a short window can
-fail the gate for that reason, which the gate then says.
+fail the gate for that reason, which the gate then says. Nor are requests of another life
+of the engine (another probe session: it restarted within the window), whose steps count
+from 1 again.
 
 The server's settings are given by hand (``kvscope whatif --baseline``'s syntax) or, with
 ``ENGINE``, read from the store: the hello of the engine's probe session
@@ -29,12 +31,17 @@ ENGINE = "engine"
 
 
 def window_records(client: Any, engine: str, server: str, since: float,
-                   until: float) -> list[dict[str, Any]]:
-    """replay_traffic rows of the window, steps shifted to start at 0."""
+                   until: float, rid: str | None = None) -> list[dict[str, Any]]:
+    """replay_traffic rows of the window, steps shifted to start at 0; with ``rid``, of
+    that request's engine life only (its probe session: the steps of a life before or
+    after a restart count from 1 again, under maybe other settings)."""
     cols, rows = run_saved(client, SavedQuery.load("replay_traffic"),
                            {"since": str(since), "until": str(until), "engine": engine,
                             "server": server})
     recs = [dict(zip(cols, r, strict=True)) for r in rows]
+    life = next((r["session"] for r in recs if r["request_id"] == rid), None)
+    if life is not None:
+        recs = [r for r in recs if r["session"] == life]
     origin = min((r["arrival_step"] for r in recs), default=0)
     for r in recs:
         for k in STEP_KEYS:
@@ -71,7 +78,7 @@ def counterfactual(client: Any, engine: str, server: str, rid: str, *, queued_ts
     from kvscope.whatif.replay import load
     from kvscope.whatif.settings import KEYS, build
 
-    recs = window_records(client, engine, server, queued_ts - window_s, end_ts)
+    recs = window_records(client, engine, server, queued_ts - window_s, end_ts, rid)
     index = next((i for i, r in enumerate(recs) if r["request_id"] == rid), None)
     errors: list[str] = []
     settings = {"from": "given", "spec": baseline}
