@@ -4,6 +4,7 @@ side and the twin's side of the fidelity gate are one measurement."""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -118,3 +119,41 @@ def test_a_window_over_an_engine_restart_is_refused_with_the_windows_either_side
                                                                      side))))
         assert errors == [] and work is not None and len(work.requests) == 80
 
+
+
+def test_whatif_says_how_many_requests_ran_across_the_windows_edges(
+        run: Run, store_rows: Any, tmp_path: Path,  # noqa: F811
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The store as it was read mid-run (rows up to ``read``), a window opened after the
+    first arrivals: the requests that arrived before it and still ran in it, and those
+    that arrived in it but had not ended when it was read, are not in the replay. The
+    report counts both (JSON ``left_out``, and a note), so no one takes the replay for
+    the whole traffic."""
+    arrivals = sorted({epoch_ms(t.arrival_ts) for t in run.traces})
+    ends = sorted({epoch_ms(t.ts) for t in run.traces})
+    mid = len(arrivals) // 2
+    since = (arrivals[mid - 1] + arrivals[mid]) / 2000  # between two arrival instants
+    read = (ends[len(ends) // 2] + ends[len(ends) // 2 + 1]) / 2000
+    early = [t for t in run.traces if t.arrival_ts < since]
+    assert early and all(t.ts >= since for t in early)  # each still ran when it opened
+    running = [t for t in run.traces if since <= t.arrival_ts and t.ts > read]
+    assert running and all(t.arrival_ts <= read for t in running)
+    rows = [r for r in run.rows if r.ts <= read]
+    cut = Run(store_rows(rows), run.traces, [], rows, run.dsn, "")
+    window = saved(cut, "replay_traffic", since=str(since))
+    assert len(window) == sum(since <= t.arrival_ts and t.ts <= read for t in run.traces)
+    assert {(r["left_out_started_before"], r["left_out_not_ended"]) for r in window} == {
+        (len(early), len(running))}
+    rc, out, _ = cli(capsys, "--replay", str(replay_file(tmp_path / "cut.json", window)),
+                     "--format", "json", "--quiet")
+    assert rc == 0
+    doc = json.loads(out)
+    assert doc["left_out"] == {"started_before": len(early), "not_ended": len(running)}
+    assert doc["settings"][0]["requests"] == len(window)
+    assert (f"{len(early) + len(running)} requests of the engine are not in this replay: "
+            f"{len(early)} arrived before the window and still ran in it, "
+            f"{len(running)} arrived in it and had not ended when it was read") in "\n".join(
+                doc["notes"])
+    whole = saved(run, "replay_traffic")
+    assert {(r["left_out_started_before"], r["left_out_not_ended"]) for r in whole} == {
+        (0, 0)}

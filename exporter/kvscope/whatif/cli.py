@@ -136,7 +136,7 @@ def compare(p: Plan, *, seed: int, max_steps: int | None = None,
         m = columns[0][1]
         fidelity = Fidelity(p.baseline.name, figures(p.records, m.usable_blocks),
                             figures(m.records, m.usable_blocks))
-    return Report(p.workload, columns, p.notes, fidelity)
+    return Report(p.workload, columns, p.notes, fidelity, p.left_out)
 
 
 def refusals(settings: list[Setting]) -> list[str]:

@@ -38,6 +38,9 @@ class Plan:
     """The replayed records (empty for a synthetic mix)."""
     baseline: Setting | None = None
     """The settings the recorded server ran with (``--baseline``)."""
+    left_out: dict[str, int] | None = None
+    """Requests the replayed window left out at its edges (None: a synthetic mix, or a
+    file that does not say)."""
 
 
 def _range(text: str) -> tuple[int, int]:
@@ -99,7 +102,7 @@ def _replayed(args: argparse.Namespace, errors: list[str]) -> Plan | None:
         notes.append("the file records what the server did: give --baseline with the "
                      "server's settings to check the twin against it (the fidelity gate)")
     return Plan([], r.requests, f"replay of {args.replay.name}, {len(r.requests)} "
-                f"requests, seed {args.seed}", notes, r.records)
+                f"requests, seed {args.seed}", notes, r.records, left_out=r.left_out)
 
 
 def _baseline(args: argparse.Namespace, work: Plan | None, bpt: int,

@@ -27,6 +27,9 @@ table replay as they are. Recognised keys:
 - ``session`` with ``session_start`` (as ``replay_traffic`` writes them): the probe
   session, one life of the engine, each request arrived in; a file of several is refused
   with the window on either side of each restart (``kvscope.whatif.window``).
+- ``left_out_started_before`` and ``left_out_not_ended`` (``replay_traffic``'s, one count
+  on every record): requests of the engine that ran across the window's edges and are
+  not in it; the notes count them.
 
 Prompts are synthetic token IDs of the recorded lengths, drawn from ``seed``: kvscope never
 stores prompt text or tokens. Shared prefixes survive only where the file names them;
@@ -44,7 +47,7 @@ from typing import Any
 
 from kvscope.times import epoch_seconds
 from kvscope.twin.workload import TOKEN_ID_MAX, TOKEN_ID_MIN, TwinRequest
-from kvscope.whatif.window import lives, restart_error
+from kvscope.whatif.window import left_out, left_out_note, lives, restart_error
 
 MAX_ERRORS_SHOWN = 20
 _CLOCKS = ("arrival_step", "arrival_s", "arrival_ts")
@@ -73,6 +76,9 @@ class Replay:
     """What the replay could not reproduce, one sentence each."""
     records: list[dict[str, Any]]
     """The records replayed, in replay order (``requests[i]`` from ``records[i]``)."""
+    left_out: dict[str, int] | None = None
+    """Requests of the engine the stored window left out at its edges
+    (``kvscope.whatif.window.left_out``); None when the file does not say."""
 
 
 def read_records(path: Path, errors: list[str]) -> list[dict[str, Any]]:
@@ -217,9 +223,12 @@ def load(path: Path, *, seed: int, step_ms: float, max_model_len: int,
     restarted = restart_error(lives(records, errors))
     if restarted:
         errors.append(restarted)
+    edges = left_out(records, errors)
     if errors:
         raise ReplayError(errors)
-    return Replay(requests, _notes(records, requests, max_model_len, aborted), kept)
+    notes = _notes(records, requests, max_model_len, aborted)
+    said = left_out_note(edges)
+    return Replay(requests, notes + ([said] if said else []), kept, edges)
 
 
 def _counts(rec: dict[str, Any], errors: list[str]) -> dict[str, int | None] | None:

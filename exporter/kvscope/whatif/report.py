@@ -27,6 +27,9 @@ class Report:
     notes: list[str] = field(default_factory=list)
     fidelity: Fidelity | None = None
     """The twin's replay under the server's settings against what the server recorded."""
+    left_out: dict[str, int] | None = None
+    """Requests of the engine the replayed window left out at its edges (JSON
+    ``left_out``: ``started_before``, ``not_ended``); None when not a stored window's."""
 
 
 def record(s: Setting, m: Measurement) -> dict[str, Any]:
@@ -148,7 +151,8 @@ def fidelity_lines(f: Fidelity) -> list[str]:
 def as_json(report: Report) -> str:
     doc = {"workload": report.workload, "notes": report.notes,
            "fidelity": report.fidelity.as_dict() if report.fidelity else None,
-           "settings": [record(s, m) for s, m in report.columns]}
+           "settings": [record(s, m) for s, m in report.columns],
+           "left_out": report.left_out}
     return json.dumps(doc, indent=2) + "\n"
 
 

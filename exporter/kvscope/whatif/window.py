@@ -1,5 +1,5 @@
 """The stored window a replay file was read from (the saved query ``replay_traffic``):
-the engine lives it spans.
+the engine lives it spans, and the requests it left out at its edges.
 
 An engine that restarts counts its steps from 1 again, under a new probe session and
 maybe other settings, while ``request_traces`` and ``request_events`` name the engine
@@ -9,6 +9,12 @@ session attached (``session_start``); a window holding two sessions would replay
 lives' requests as one step series under one config, so the replay refuses it and names
 the window on either side of each restart. Records without a session (a file from before
 the column, a store with no ``engine_configs`` row) cannot show a restart.
+
+A window is its arrivals: a request that arrived before it and still ran in it (holding
+blocks the replay does not hold), and one that arrived in it but had not ended when it
+was read (no trace yet), are not replayed. ``replay_traffic`` counts both on every
+record; ``left_out`` reads them and ``left_out_note`` says so, so no one takes the replay
+for the whole traffic.
 """
 
 from __future__ import annotations
@@ -62,3 +68,44 @@ def restart_error(found: list[tuple[int, str]]) -> str | None:
             "would be false; read one life (kvscope query replay_traffic, your other "
             "parameters as they were): "
             + "; ".join(f"{label}, {w}" for label, w in zip(labels, windows, strict=True)))
+
+
+LEFT_OUT = {"started_before": "left_out_started_before", "not_ended": "left_out_not_ended"}
+"""``left_out``'s keys and the record keys ``replay_traffic`` counts them in."""
+
+
+def left_out(records: Sequence[dict[str, Any]], errors: list[str]) -> dict[str, int] | None:
+    """The window's left-out requests, by ``LEFT_OUT`` key; None when the records do not
+    count them (a file from before the columns, or not from ``replay_traffic``)."""
+    if not records or any(rec.get(key) is None for rec in records
+                          for key in LEFT_OUT.values()):
+        return None
+    out: dict[str, int] = {}
+    for name, key in LEFT_OUT.items():
+        try:  # ClickHouse's JSON quotes its 64-bit counts
+            seen = {int(str(rec[key])) for rec in records}
+        except ValueError:
+            errors.append(f"{key} must be an integer on every record")
+            continue
+        if len(seen) != 1 or min(seen) < 0:
+            errors.append(f"{key} must be one count >= 0 on every record, got "
+                          f"{', '.join(map(str, sorted(seen)))}")
+            continue
+        out[name] = seen.pop()
+    return out if len(out) == len(LEFT_OUT) else None
+
+
+def left_out_note(counts: dict[str, int] | None) -> str | None:
+    """A sentence on the requests the window left out; None when it left out none."""
+    if not counts or not any(counts.values()):
+        return None
+    said = []
+    if counts["started_before"]:
+        said.append(f"{counts['started_before']} arrived before the window and still ran in "
+                    "it")
+    if counts["not_ended"]:
+        said.append(f"{counts['not_ended']} arrived in it and had not ended when it was read")
+    return (f"{sum(counts.values())} requests of the engine are not in this replay: "
+            f"{', '.join(said)}; it runs without them and the blocks they held, so it is "
+            "not the whole traffic (an earlier --param since, or reading the window again "
+            "once they ended, takes them in)")

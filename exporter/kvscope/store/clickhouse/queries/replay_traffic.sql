@@ -14,7 +14,10 @@
 -- `session` is the one the request arrived in (the latest `engine_configs` session
 -- attached at or before its arrival; '' when that table has none) and `session_start`
 -- when that session's probe attached (epoch seconds), so whatif refuses a window over a
--- restart and names the windows on either side.
+-- restart and names the windows on either side. A window is its arrivals: requests of
+-- the engine's life that arrived before `since` and had not ended by then, and requests
+-- that arrived in it with no end stored when it is read, are not in it; every row counts
+-- them (`left_out_started_before`, `left_out_not_ended`) so the replay can say so.
 -- @param since = 0            earliest arrival, epoch seconds
 -- @param until = 99999999999  latest arrival, epoch seconds
 -- @param model = ''           one model ('' = all)
@@ -36,7 +39,9 @@ SELECT
     e.min_free_blocks AS min_free_blocks,
     t.finish_reason AS finish_reason,
     s.session AS session,
-    s.attached AS session_start
+    s.attached AS session_start,
+    o.started_before AS left_out_started_before,
+    o.not_ended AS left_out_not_ended
 FROM request_traces AS t
 INNER JOIN
 (
@@ -66,6 +71,60 @@ ASOF LEFT JOIN
       AND ({server:String} = '' OR server = {server:String})
     GROUP BY server, engine, session
 ) AS s ON s.server = t.server AND s.engine = t.engine AND s.attached <= toFloat64(t.arrival_ts)
+LEFT JOIN
+(
+    -- a request's arrival is its trace's; one with no trace yet (not ended) arrived when
+    -- it was queued. Requests of an earlier life never end: the life at `since` began
+    -- when its session attached (0: no engine_configs row)
+    SELECT
+        q.server AS server,
+        q.engine AS engine,
+        countIf(q.arrived < {since:Float64} AND q.arrived >= ifNull(l.life_start, 0)
+                AND NOT (q.ended AND q.end_s < {since:Float64})) AS started_before,
+        countIf(q.arrived BETWEEN {since:Float64} AND {until:Float64} AND NOT q.ended) AS not_ended
+    FROM
+    (
+        SELECT
+            qe.server AS server,
+            qe.engine AS engine,
+            tr.request_id != '' AS ended,
+            if(ended, toFloat64(tr.arrival_ts), qe.queued) AS arrived,
+            toFloat64(tr.ts) AS end_s
+        FROM
+        (
+            SELECT server, engine, request_id, toFloat64(min(ts)) AS queued
+            FROM request_events
+            WHERE event = 'queued'
+              AND ({model:String} = '' OR model = {model:String})
+              AND ({engine:String} = '' OR engine = {engine:String})
+              AND ({server:String} = '' OR server = {server:String})
+            GROUP BY server, engine, request_id
+        ) AS qe
+        LEFT JOIN
+        (
+            SELECT server, engine, request_id, arrival_ts, ts
+            FROM request_traces
+            WHERE ({model:String} = '' OR model = {model:String})
+              AND ({engine:String} = '' OR engine = {engine:String})
+              AND ({server:String} = '' OR server = {server:String})
+        ) AS tr ON tr.server = qe.server AND tr.engine = qe.engine AND tr.request_id = qe.request_id
+    ) AS q
+    LEFT JOIN
+    (
+        SELECT server, engine, max(attached) AS life_start
+        FROM
+        (
+            SELECT server, engine, session, toFloat64(min(ts)) AS attached
+            FROM engine_configs
+            WHERE ({engine:String} = '' OR engine = {engine:String})
+              AND ({server:String} = '' OR server = {server:String})
+            GROUP BY server, engine, session
+        )
+        WHERE attached <= {since:Float64}
+        GROUP BY server, engine
+    ) AS l ON l.server = q.server AND l.engine = q.engine
+    GROUP BY q.server, q.engine
+) AS o ON o.server = t.server AND o.engine = t.engine
 WHERE toFloat64(t.arrival_ts) BETWEEN {since:Float64} AND {until:Float64}
   AND ({model:String} = '' OR t.model = {model:String})
   AND ({engine:String} = '' OR t.engine = {engine:String})
