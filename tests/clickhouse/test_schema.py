@@ -77,8 +77,8 @@ def test_schema_command_prints_ddl(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_bad_options_are_all_reported() -> None:
-    with pytest.raises(ValueError, match="database .*ttl_days"):
-        schema.render_schema("no way", 0)
+    with pytest.raises(ValueError, match="database .*ttl_days.*dedup_window"):
+        schema.render_schema("no way", 0, dedup_window=0)
 
 
 def test_statement_splitter_keeps_quoted_semicolons() -> None:

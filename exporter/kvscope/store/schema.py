@@ -1,7 +1,8 @@
 """ClickHouse DDL and saved queries: the ``.sql`` files shipped in ``kvscope/store/clickhouse/``.
 
-``schema/*.sql`` is applied in name order, idempotently (``IF NOT EXISTS``), with two
-placeholders: ``{database}`` and ``{ttl_days}``. The same files render a cluster variant:
+``schema/*.sql`` is applied in name order, idempotently (``IF NOT EXISTS``), with three
+placeholders: ``{database}``, ``{ttl_days}`` and ``{dedup_window}`` (``DEDUP_WINDOW``, or
+``EMBEDDED_DEDUP_WINDOW`` for the embedded store). The same files render a cluster variant:
 each ``ENGINE = MergeTree`` table becomes ``<name>_local`` on ``ReplicatedMergeTree`` plus a
 ``Distributed`` table under the original name, every statement ``ON CLUSTER``. Inserts then
 go to the Distributed table unchanged; its sharding key must be a function of the row (a
@@ -30,6 +31,16 @@ IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 DEFAULT_DATABASE = "kvscope"
 DEFAULT_TTL_DAYS = 30
 DEFAULT_SHARDING_KEY = "cityHash64(model, server, engine)"
+DEDUP_WINDOW = 100_000
+"""Inserts a table remembers by dedup token on a server the fleet shares: a re-send is stored
+once if fewer inserts than this reached its table since its first send. 125 sidecars
+inserting a table every 5 s make 25 a second: 100,000 is 67 min, 8 min at 1,000 sidecars,
+past a retry (90 s) and a crash-looping sidecar's replay (5 min); about 22 MB of the
+server's memory a table (clickhouse/README.md, "Dedup window")."""
+EMBEDDED_DEDUP_WINDOW = 1_000
+"""The same for the embedded store, which one sidecar alone writes, oldest batch first: no
+insert reaches a table between a batch's first send and its re-send, and the window's
+memory would be the sidecar's own."""
 _SHARDING = re.compile(r"--\s*kvscope:sharding_key\s+(.+)$", re.MULTILINE)
 _CREATE_TABLE = re.compile(
     r"^CREATE\s+TABLE\s+IF\s+NOT\s+EXISTS\s+(\w+)\.(\w+)\s*(\(.*\))\s*"
@@ -79,7 +90,8 @@ def split_statements(sql: str) -> list[str]:
     return [s for s in out if s]
 
 
-def check_names(database: str, ttl_days: int, cluster: str | None = None) -> list[str]:
+def check_names(database: str, ttl_days: int, cluster: str | None = None,
+                dedup_window: int = DEDUP_WINDOW) -> list[str]:
     """Every problem with these schema options (empty when usable)."""
     errors = []
     if not IDENT.match(database):
@@ -88,13 +100,16 @@ def check_names(database: str, ttl_days: int, cluster: str | None = None) -> lis
         errors.append(f"ttl_days must be a whole number of days >= 1, got {ttl_days!r}")
     if cluster is not None and not IDENT.match(cluster):
         errors.append(f"cluster {cluster!r} must be a plain identifier")
+    if not isinstance(dedup_window, int) or dedup_window < 1:
+        errors.append(f"dedup_window must be a whole number of inserts >= 1, got "
+                      f"{dedup_window!r}")
     return errors
 
 
 def render_schema(database: str = DEFAULT_DATABASE, ttl_days: int = DEFAULT_TTL_DAYS,
-                  cluster: str | None = None) -> list[str]:
+                  cluster: str | None = None, dedup_window: int = DEDUP_WINDOW) -> list[str]:
     """Every DDL statement of ``schema/*.sql`` in order, placeholders filled."""
-    errors = check_names(database, ttl_days, cluster)
+    errors = check_names(database, ttl_days, cluster, dedup_window)
     if errors:
         raise ValueError("; ".join(errors))
     statements: list[str] = []
@@ -102,7 +117,8 @@ def render_schema(database: str = DEFAULT_DATABASE, ttl_days: int = DEFAULT_TTL_
         text = f.read_text(encoding="utf-8")
         m = _SHARDING.search(text)
         sharding = m.group(1).strip() if m else DEFAULT_SHARDING_KEY
-        text = text.replace("{database}", database).replace("{ttl_days}", str(ttl_days))
+        text = (text.replace("{database}", database).replace("{ttl_days}", str(ttl_days))
+                .replace("{dedup_window}", str(dedup_window)))
         for stmt in split_statements(text):
             statements.extend(_on_cluster(stmt, cluster, sharding, f.name) if cluster
                               else [stmt])
@@ -149,9 +165,10 @@ def _on_cluster(stmt: str, cluster: str, sharding: str, source: str) -> list[str
 
 
 def apply_schema(client: Any, database: str = DEFAULT_DATABASE,
-                 ttl_days: int = DEFAULT_TTL_DAYS, cluster: str | None = None) -> int:
+                 ttl_days: int = DEFAULT_TTL_DAYS, cluster: str | None = None,
+                 dedup_window: int = DEDUP_WINDOW) -> int:
     """Run every DDL statement on a clickhouse-connect client; returns how many ran."""
-    statements = render_schema(database, ttl_days, cluster)
+    statements = render_schema(database, ttl_days, cluster, dedup_window)
     for stmt in statements:
         client.command(stmt)
     return len(statements)

@@ -201,8 +201,11 @@ class ClickHouseSink:
         try:
             if self._client is None:
                 client = self._connect()
+                window = (schema.EMBEDDED_DEDUP_WINDOW if self.target.chdb_path
+                          else schema.DEDUP_WINDOW)
                 try:
-                    schema.apply_schema(client, self.database, self.ttl_days, self.cluster)
+                    schema.apply_schema(client, self.database, self.ttl_days, self.cluster,
+                                        window)
                 except Exception:
                     client.close()
                     raise

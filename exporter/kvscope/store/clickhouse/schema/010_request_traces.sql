@@ -1,6 +1,6 @@
 -- Layer 2: one row per request when it ends (kvscope.rows.RequestTrace).
--- Placeholders: {database}, {ttl_days}. Sentinels, not NULL: -1 unknown count or time,
--- '' unknown string. Times are the engine's clock, stored in milliseconds (UTC).
+-- Placeholders: {database}, {ttl_days}, {dedup_window}. Sentinels, not NULL: -1 unknown
+-- count or time, '' unknown string. Times are the engine's clock, stored in milliseconds (UTC).
 -- kvscope:sharding_key cityHash64(request_id)
 CREATE TABLE IF NOT EXISTS {database}.request_traces
 (
@@ -36,4 +36,4 @@ ENGINE = MergeTree
 PARTITION BY toDate(ts)
 ORDER BY (model, server, engine, ts, request_id)
 TTL toDateTime(ts) + toIntervalDay({ttl_days})
-SETTINGS non_replicated_deduplication_window = 1000, ttl_only_drop_parts = 1;
+SETTINGS non_replicated_deduplication_window = {dedup_window}, ttl_only_drop_parts = 1;

@@ -1,7 +1,7 @@
 -- Layer 2: one row per lifecycle event of a request: queued, admitted, allocated,
 -- preempted, resumed, finished, aborted (kvscope.rows.RequestEvent).
--- Placeholders: {database}, {ttl_days}. Ordered by request so one request's story is
--- a narrow range read.
+-- Placeholders: {database}, {ttl_days}, {dedup_window}. Ordered by request so one
+-- request's story is a narrow range read.
 -- kvscope:sharding_key cityHash64(request_id)
 CREATE TABLE IF NOT EXISTS {database}.request_events
 (
@@ -24,4 +24,4 @@ ENGINE = MergeTree
 PARTITION BY toDate(ts)
 ORDER BY (model, server, engine, request_id, ts, event)
 TTL toDateTime(ts) + toIntervalDay({ttl_days})
-SETTINGS non_replicated_deduplication_window = 1000, ttl_only_drop_parts = 1;
+SETTINGS non_replicated_deduplication_window = {dedup_window}, ttl_only_drop_parts = 1;

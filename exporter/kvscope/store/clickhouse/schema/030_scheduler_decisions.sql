@@ -1,6 +1,6 @@
 -- Layer 4 in ClickHouse: preempt, admission_blocked, never_fits, resume, finish and abort decisions
 -- with the facts that let anyone check the cause (kvscope.rows.SchedulerDecision).
--- Placeholders: {database}, {ttl_days}.
+-- Placeholders: {database}, {ttl_days}, {dedup_window}.
 -- kvscope:sharding_key cityHash64(request_id)
 CREATE TABLE IF NOT EXISTS {database}.scheduler_decisions
 (
@@ -22,4 +22,4 @@ ENGINE = MergeTree
 PARTITION BY toDate(ts)
 ORDER BY (model, server, engine, decision, ts)
 TTL toDateTime(ts) + toIntervalDay({ttl_days})
-SETTINGS non_replicated_deduplication_window = 1000, ttl_only_drop_parts = 1;
+SETTINGS non_replicated_deduplication_window = {dedup_window}, ttl_only_drop_parts = 1;

@@ -1,5 +1,5 @@
 -- Layer 1 at one-second grain: budget vs blocks per engine-second
--- (kvscope.rows.StepStat). Placeholders: {database}, {ttl_days}.
+-- (kvscope.rows.StepStat). Placeholders: {database}, {ttl_days}, {dedup_window}.
 CREATE TABLE IF NOT EXISTS {database}.step_stats
 (
     ts                      DateTime64(3, 'UTC') CODEC(Delta, ZSTD(1)),
@@ -22,4 +22,4 @@ ENGINE = MergeTree
 PARTITION BY toDate(ts)
 ORDER BY (model, server, engine, ts)
 TTL toDateTime(ts) + toIntervalDay({ttl_days})
-SETTINGS non_replicated_deduplication_window = 1000, ttl_only_drop_parts = 1;
+SETTINGS non_replicated_deduplication_window = {dedup_window}, ttl_only_drop_parts = 1;

@@ -13,7 +13,7 @@
 -- consecutive block IDs, flattened: first, length, first, length, ...; first = 0 is a run
 -- of null placeholders (entries a sliding-window or Mamba group no longer needs).
 -- budget_utilization is -1 when unknown (sentinel, as in every kvscope table). ts is
--- the sidecar wall clock. Placeholders: {database}, {ttl_days}.
+-- the sidecar wall clock. Placeholders: {database}, {ttl_days}, {dedup_window}.
 CREATE TABLE IF NOT EXISTS {database}.layout_snapshots
 (
     ts DateTime64(3, 'UTC') CODEC(Delta, ZSTD(1)),
@@ -43,7 +43,7 @@ ENGINE = MergeTree
 PARTITION BY toDate(ts)
 ORDER BY (model, server, engine, ts)
 TTL toDateTime(ts) + toIntervalDay({ttl_days})
-SETTINGS non_replicated_deduplication_window = 1000, ttl_only_drop_parts = 1;
+SETTINGS non_replicated_deduplication_window = {dedup_window}, ttl_only_drop_parts = 1;
 
 -- Tables created before owner_group_runs existed get it (empty for their old rows).
 ALTER TABLE {database}.layout_snapshots

@@ -1,7 +1,7 @@
 -- Layer 5: one row per API request the middleware saw answered, joined to the engine's
 -- request IDs (kvscope.rows.ClientRequest). No engine column: one API request may
 -- fan out to several engine requests (engine_request_ids). ts is the API server's clock.
--- Placeholders: {database}, {ttl_days}.
+-- Placeholders: {database}, {ttl_days}, {dedup_window}.
 -- kvscope:sharding_key cityHash64(request_id)
 CREATE TABLE IF NOT EXISTS {database}.client_requests
 (
@@ -27,4 +27,4 @@ ENGINE = MergeTree
 PARTITION BY toDate(ts)
 ORDER BY (model, client_id, ts, request_id)
 TTL toDateTime(ts) + toIntervalDay({ttl_days})
-SETTINGS non_replicated_deduplication_window = 1000, ttl_only_drop_parts = 1;
+SETTINGS non_replicated_deduplication_window = {dedup_window}, ttl_only_drop_parts = 1;

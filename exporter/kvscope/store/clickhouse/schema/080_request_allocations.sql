@@ -9,7 +9,7 @@
 -- after ts, the blocks added, the blocks held after it, the pool's free blocks and the
 -- request's computed tokens then. request_events_all (090) reads them back as one
 -- request_events row each, exactly as they were written before.
--- Placeholders: {database}, {ttl_days}.
+-- Placeholders: {database}, {ttl_days}, {dedup_window}.
 -- kvscope:sharding_key cityHash64(request_id)
 CREATE TABLE IF NOT EXISTS {database}.request_allocations
 (
@@ -29,4 +29,4 @@ ENGINE = MergeTree
 PARTITION BY toDate(ts)
 ORDER BY (model, server, engine, request_id, ts)
 TTL toDateTime(ts) + toIntervalDay({ttl_days})
-SETTINGS non_replicated_deduplication_window = 1000, ttl_only_drop_parts = 1;
+SETTINGS non_replicated_deduplication_window = {dedup_window}, ttl_only_drop_parts = 1;

@@ -5,7 +5,7 @@
 -- it already wrote again, and writes it again every hour of the engine's time, so the TTL
 -- never leaves a running engine without one; readers take the latest row at or before the
 -- time they ask for.
--- Placeholders: {database}, {ttl_days}.
+-- Placeholders: {database}, {ttl_days}, {dedup_window}.
 CREATE TABLE IF NOT EXISTS {database}.engine_configs
 (
     ts                     DateTime64(3, 'UTC') CODEC(Delta, ZSTD(1)),
@@ -33,4 +33,4 @@ ENGINE = MergeTree
 PARTITION BY toDate(ts)
 ORDER BY (model, server, engine, ts)
 TTL toDateTime(ts) + toIntervalDay({ttl_days})
-SETTINGS non_replicated_deduplication_window = 1000, ttl_only_drop_parts = 1;
+SETTINGS non_replicated_deduplication_window = {dedup_window}, ttl_only_drop_parts = 1;
