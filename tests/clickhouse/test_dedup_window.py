@@ -19,7 +19,7 @@ pytestmark = pytest.mark.clickhouse
 
 OTHER_INSERTS = 1_200
 """Inserts other sidecars make into the table between a batch's first send and its
-re-send: more than the 1,000 blocks the window held before."""
+re-send: more than the 1,000 blocks the window held before 120_dedup_window.sql."""
 
 
 def send(store: Any, database: str, rows: list[Any], token: str) -> None:
@@ -52,6 +52,19 @@ def window(store: Any, database: str) -> dict[str, int]:
     found = {name: re.search(r"non_replicated_deduplication_window = (\d+)", ddl)
              for name, ddl in rows}
     return {name: int(m[1]) if m else 0 for name, m in found.items()}
+
+
+def test_tables_from_before_get_the_fleet_window(store: Any, database: str) -> None:
+    """A store whose tables an older kvscope created with a window of 1,000: the DDL's
+    next apply (a sidecar's start) widens every table's window, and their rows stay."""
+    for stmt in schema.render_schema(database, 7, dedup_window=1_000):
+        if not stmt.startswith("ALTER TABLE"):  # as the older DDL made them
+            store.command(stmt)
+    assert window(store, database) == dict.fromkeys(schema.table_names(), 1_000)
+    send(store, database, [trace(i) for i in range(10)], "before-the-upgrade")
+    schema.apply_schema(store, database)
+    assert window(store, database) == dict.fromkeys(schema.table_names(), schema.DEDUP_WINDOW)
+    assert count(store, f"{database}.request_traces") == 10
 
 
 def test_the_embedded_store_keeps_a_small_window(chdb_dsn: str, database: str,

@@ -46,6 +46,7 @@ _CREATE_TABLE = re.compile(
     r"^CREATE\s+TABLE\s+IF\s+NOT\s+EXISTS\s+(\w+)\.(\w+)\s*(\(.*\))\s*"
     r"ENGINE\s*=\s*MergeTree(?:\(\))?\s+(.*)$", re.IGNORECASE | re.DOTALL)
 _ALTER_TABLE = re.compile(r"^ALTER\s+TABLE\s+(\w+)\.(\w+)\s+(.*)$", re.IGNORECASE | re.DOTALL)
+_MODIFY_SETTING = re.compile(r"^MODIFY\s+SETTING\s", re.IGNORECASE)
 _CREATE_DB = re.compile(r"^CREATE\s+DATABASE\s+IF\s+NOT\s+EXISTS\s+(\w+)$", re.IGNORECASE)
 _CREATE_VIEW = re.compile(r"^CREATE\s+OR\s+REPLACE\s+VIEW\s+(\w+)\.(\w+)\s+AS\s+(.*)$",
                           re.IGNORECASE | re.DOTALL)
@@ -144,9 +145,12 @@ def _on_cluster(stmt: str, cluster: str, sharding: str, source: str) -> list[str
     if m:
         return [f"CREATE DATABASE IF NOT EXISTS {m.group(1)} {on}"]
     m = _ALTER_TABLE.match(stmt)
-    if m:  # a column added to an existing table: to the local and the Distributed one
+    if m:
         db, name, change = m.groups()
-        return [f"ALTER TABLE {db}.{t} {on} {change}" for t in (f"{name}_local", name)]
+        # A column goes to the local and the Distributed table; a MergeTree setting to the
+        # local one only (a Distributed table has none of them).
+        targets = [f"{name}_local"] + ([] if _MODIFY_SETTING.match(change) else [name])
+        return [f"ALTER TABLE {db}.{t} {on} {change}" for t in targets]
     m = _CREATE_VIEW.match(stmt)
     if m:  # over the Distributed tables, which keep the tables' names
         db, name, select = m.groups()
