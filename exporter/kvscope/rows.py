@@ -88,9 +88,14 @@ class RequestEvent:
     reason: str = ""
     detail: str = ""
     """``key=value`` facts: preempted ``requester= blocks_needed=``; queued ``position=``
-    (order among the step's arrivals as the scheduler queued them) ``priority=``."""
+    (order among the step's arrivals as the scheduler queued them) ``priority=``. For people
+    to read: a request ID may hold spaces and ``=``, so ``requester`` is read from its own
+    field."""
     server: str = ""
     """The engine's vLLM server (kvscope_probe.identity); "" outside an API server."""
+    requester: str = ""
+    """preempted: the request whose allocation failed (vLLM's ID as it is), "" when the
+    probe did not say or in a row written before the column (its ``detail`` says it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +213,8 @@ class ClientRequest:
     the middleware's); ``sha256:<hex>`` of it when longer than 128 characters or not
     encodable in UTF-8 (``kvscope_probe.middleware.request_key``)."""
     engine_request_ids: str
-    """Engine request IDs joined to it, comma-separated ("" if none joined yet)."""
+    """Engine request IDs joined to it, comma-separated ("" if none joined yet): kept for
+    readers older than ``engine_ids``, ambiguous when an ID holds a comma."""
     model: str
     endpoint: str
     client_id: str
@@ -225,6 +231,9 @@ class ClientRequest:
     preempt_count: int
     """Preemptions of its engine requests (-1 when none joined)."""
     preempt_reason: str
+    engine_ids: list[str]
+    """Engine request IDs joined to it, each exactly as vLLM named it (empty if none joined
+    yet, and in rows written before the column: ``engine_request_ids`` holds them then)."""
 
 
 @dataclass(frozen=True, slots=True)

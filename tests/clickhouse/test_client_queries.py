@@ -88,7 +88,7 @@ def test_duplicates_are_submissions_close_together_by_one_client(store: Any) -> 
             endpoint="completions", client_id=client, user_agent="ua", api_key_hash=key,
             prompt_hash=prompt, prompt_chars=1, max_tokens=8, http_status=200,
             duration_s=took, duplicate=False, duplicate_of="", preempt_count=0,
-            preempt_reason=""))
+            preempt_reason="", engine_ids=[]))
 
     sent("slow", 0.0, 40.0)  # submitted 5 s apart, answered 34 s apart: duplicates
     sent("fast", 5.0, 1.0)

@@ -194,7 +194,7 @@ def test_the_callers_request_id_finds_its_engine_request(run: Run) -> None:  # n
                         user_agent="curl/8", api_key_hash="", prompt_hash="", prompt_chars=10,
                         max_tokens=t.max_gen_len, http_status=200, duration_s=t.e2e_seconds,
                         duplicate=False, duplicate_of="", preempt_count=t.preempt_count,
-                        preempt_reason="kv_full")
+                        preempt_reason="kv_full", engine_ids=[t.request_id])
     values = (datetime.fromtimestamp(row.ts, tz=timezone.utc),) + as_tuple(row)[1:]
     run.client.insert("client_requests", [values], column_names=columns("client_requests"))
     got = answer.explain(run.client, "ticket-4711")
@@ -432,7 +432,7 @@ def test_missing_rows_make_an_incomplete_story_not_figures(store_rows: Any) -> N
                       endpoint="/v1/completions", client_id="", user_agent="",
                       api_key_hash="", prompt_hash="", prompt_chars=10, max_tokens=100,
                       http_status=200, duration_s=31.0, duplicate=False, duplicate_of="",
-                      preempt_count=2, preempt_reason="kv_full"),
+                      preempt_count=2, preempt_reason="kv_full", engine_ids=["c"]),
         _ev("b", "queued", 1, t0), _ev("b", "admitted", 2, t0 + 1.0, blocks=4),
         _ev("b", "resumed", 9, t0 + 5.0, blocks=4), _ev("b", "finished", 12, t0 + 8.0)])
     body = answer.explain(client, "c")

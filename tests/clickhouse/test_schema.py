@@ -108,3 +108,71 @@ def test_an_engine_configs_table_from_before_the_watermark_gets_it(
     assert [c[0] for c in cols] == columns("engine_configs")
     assert store.query(f"SELECT watermark_blocks FROM {database}.engine_configs"
                        ).result_rows == [(0,)]
+
+
+def test_tables_from_before_exact_request_ids_get_them_and_old_rows_read_as_before(
+        store: Any, database: str) -> None:
+    """A store an older kvscope made: client_requests without ``engine_ids``,
+    request_events without ``requester``, the view without it. Applying the schema adds
+    both columns after the others and replaces the view; rows written before read as they
+    did: the comma-joined engine IDs split, the requester parsed from ``detail``."""
+    from datetime import datetime, timezone
+
+    from kvscope.explain import answer
+
+    old = []
+    for s in schema.render_schema(database, 7):
+        if s.startswith("ALTER TABLE") and ("engine_ids" in s or "requester" in s):
+            continue  # 130, 140: what this version adds
+        old.append(s.replace(",  \n    requester String DEFAULT '' CODEC(ZSTD(1))", "")
+                   .replace(",\n    engine_ids         Array(String) DEFAULT [] CODEC(ZSTD(1))",
+                            "").replace(", server, requester\n", ", server\n")
+                   .replace(", server, '' AS requester\n", ", server\n"))
+    for s in old:
+        store.command(s)
+    assert "requester" not in columns_of(store, database, "request_events")
+    assert "engine_ids" not in columns_of(store, database, "client_requests")
+    t0 = 1_800_000_000.0
+    ev_cols = ["ts", "model", "engine", "request_id", "event", "step", "blocks",
+               "total_blocks", "free_blocks", "max_contiguous_free", "tokens", "reason",
+               "detail", "server"]
+    victim, requester = "cmpl-v-0-00000001", "cmpl-r-0-00000002"
+
+    def ev(rid: str, event: str, step: int, dt: float, blocks: int = -1,
+           detail: str = "") -> list[Any]:
+        return [datetime.fromtimestamp(t0 + dt, tz=timezone.utc), "m", "0", rid, event, step,
+                blocks, blocks, 10, -1, 0, "", detail, ""]
+
+    store.insert(f"{database}.request_events", [
+        ev(victim, "queued", 1, 0.0), ev(victim, "admitted", 2, 0.1, 4),
+        ev(requester, "queued", 1, 0.0), ev(requester, "admitted", 2, 0.1, 3),
+        ev(requester, "allocated", 5, 0.5, 2),
+        ev(victim, "preempted", 5, 0.5, 4, f"requester={requester} blocks_needed=2"),
+        ev(victim, "resumed", 7, 0.7, 4), ev(victim, "finished", 9, 0.9, -1),
+        ev(requester, "finished", 8, 0.8)], column_names=ev_cols)
+    cr_cols = [c for c in columns("client_requests") if c != "engine_ids"]
+    row = dict.fromkeys(cr_cols, "") | {
+        "ts": datetime.fromtimestamp(t0 + 1.0, tz=timezone.utc), "request_id": "ticket-1",
+        "engine_request_ids": f"{victim},cmpl-gone-0-00000009", "prompt_chars": 1,
+        "max_tokens": 1, "http_status": 200, "duration_s": 1.0, "duplicate": False,
+        "preempt_count": 1}
+    store.insert(f"{database}.client_requests", [[row[c] for c in cr_cols]],
+                 column_names=cr_cols)
+    schema.apply_schema(store, database, 7)
+    assert columns_of(store, database, "request_events") == columns("request_events")
+    assert columns_of(store, database, "client_requests") == columns("client_requests")
+    got = answer.explain(store, "ticket-1")
+    (api,) = got["api_requests"]
+    assert api["engine_ids"] == [victim, "cmpl-gone-0-00000009"]
+    assert [r["request_id"] for r in got["engine_requests"]] == [victim]
+    (p,) = got["engine_requests"][0]["preemptions"]
+    assert (p["requester"], p["blocks_needed"], p["trigger"]["event"]) == (
+        requester, 2, "allocated")
+    assert [a["request_id"] for a in answer.explain(store, victim)["api_requests"]] == [
+        "ticket-1"]
+
+
+def columns_of(store: Any, database: str, table: str) -> list[str]:
+    return [c[0] for c in store.query(
+        "SELECT name FROM system.columns WHERE database = {db:String} AND table = {t:String} "
+        "ORDER BY position", parameters={"db": database, "t": table}).result_rows]

@@ -26,7 +26,7 @@ def explain(client: Any, rid: str) -> dict[str, Any]:
     api = source.client_rows(client, rid)
     ids = [rid] if source.engines_of(client, rid) else []
     for row in api:
-        ids += [x for x in row["engine_request_ids"].split(",") if x and x not in ids]
+        ids += [x for x in source.engine_ids(row) if x not in ids]
     if not ids:
         raise UnknownRequest(rid)
     who = {r["request_id"]: r for r in api}
@@ -155,7 +155,7 @@ def verdict(story: Story) -> str:
 
 
 def _api(row: dict) -> dict[str, Any]:
-    return {k: row[k] for k in source.CLIENT_COLUMNS}
+    return {**{k: row[k] for k in source.CLIENT_COLUMNS}, "engine_ids": source.engine_ids(row)}
 
 
 def worst(client: Any, n: int, since: float, server: str = "") -> dict[str, Any]:

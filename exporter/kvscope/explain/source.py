@@ -42,13 +42,13 @@ class Run:
 
 EVENT_COLUMNS = ("ts", "model", "engine", "server", "request_id", "event", "step", "blocks",
                  "total_blocks", "free_blocks", "max_contiguous_free", "tokens", "reason",
-                 "detail")
+                 "detail", "requester")
 TRACE_COLUMNS = ("ts", "model", "engine", "server", "request_id", "prompt_len", "max_gen_len",
                  "output_len", "required_blocks", "allocated_blocks", "preempt_count",
                  "recomputed_tokens", "cached_tokens", "arrival_ts", "queue_seconds",
                  "e2e_seconds", "finish_reason", "client_id", "user_agent")
 CLIENT_COLUMNS = ("ts", "request_id", "engine_request_ids", "client_id", "user_agent",
-                  "endpoint", "http_status", "duration_s", "preempt_count")
+                  "endpoint", "http_status", "duration_s", "preempt_count", "engine_ids")
 _EPOCH = {"ts", "arrival_ts"}
 
 
@@ -147,8 +147,16 @@ def engines_of(client: Any, rid: str) -> list[tuple[str, str, str]]:
 def client_rows(client: Any, rid: str) -> list[dict]:
     """API requests whose own ID (the caller's X-Request-Id) or joined engine IDs is ``rid``."""
     return _rows(client, "SELECT {cols} FROM client_requests WHERE request_id = {r:String} "
-                         "OR has(splitByChar(',', engine_request_ids), {r:String}) "
+                         "OR has(engine_ids, {r:String}) OR (empty(engine_ids) AND "
+                         "has(splitByChar(',', engine_request_ids), {r:String})) "
                          "ORDER BY ts", {"r": rid}, CLIENT_COLUMNS)
+
+
+def engine_ids(row: dict) -> list[str]:
+    """A client row's engine request IDs. A row written before ``engine_ids`` was stored
+    (clickhouse/schema/130) has none there: its comma-joined ``engine_request_ids`` is split
+    as it was then (exact unless an ID holds a comma, which such rows cannot say)."""
+    return list(row["engine_ids"]) or [x for x in row["engine_request_ids"].split(",") if x]
 
 
 def traces(client: Any, rids: list[str], engine: str, server: str) -> dict[str, dict]:

@@ -84,6 +84,14 @@ def facts(detail: str) -> dict[str, str]:
     return dict(p.split("=", 1) for p in detail.split() if "=" in p)
 
 
+def requester(event: dict) -> str:
+    """A preemption's requester as vLLM named it: the event's own ``requester``. A row
+    written before the store kept it (clickhouse/schema/140) has '' there, and its detail
+    is read as it was then (exact unless the ID holds a space, which such rows cannot
+    say); so is one the probe named no requester for (its detail names none either)."""
+    return event.get("requester") or facts(event["detail"]).get("requester", "")
+
+
 def build(events: list[dict], next_step: Callable[[int], dict | None] = lambda _s: None,
           preempt_count: int | None = None) -> Story:
     """The story of one request from its events (one engine, in order); ``preempt_count``
@@ -99,8 +107,8 @@ def build(events: list[dict], next_step: Callable[[int], dict | None] = lambda _
     for i, e in enumerate(events):
         if e["event"] != "preempted":
             continue
-        f = facts(e["detail"])
-        p = Preemption(e, f.get("requester", ""), int(f.get("blocks_needed", "-1")))
+        f = facts(e["detail"])  # blocks_needed is its last fact, after any requester text
+        p = Preemption(e, requester(e), int(f.get("blocks_needed", "-1")))
         p.resumed = next((x for x in events[i + 1:] if x["event"] == "resumed"), None)
         if p.resumed is None and end is not None and end["step"] >= e["step"]:
             preempted.add(e, end)  # never resumed: preempted until it ended (aborted)

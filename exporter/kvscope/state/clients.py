@@ -204,7 +204,7 @@ class ClientJoin:
             prompt_chars=s.prompt_chars, max_tokens=s.max_tokens, http_status=e.status,
             duration_s=e.duration_s, duplicate=bool(c.duplicate_of),
             duplicate_of=c.duplicate_of, preempt_count=c.preemptions if c.engine_ids else -1,
-            preempt_reason=c.reason))
+            preempt_reason=c.reason, engine_ids=list(c.engine_ids)))
 
     # -- from the request tracker ---------------------------------------------------------
     def on_trace(self, trace: RequestTrace) -> None:

@@ -108,7 +108,7 @@ class RequestTracker:
     def _event(self, st: EngineState, ts: float, rid: str, event: str, *, blocks: int = -1,
                total_blocks: int = -1, free_blocks: int | None = None,
                max_contiguous_free: int = -1, tokens: int = -1, reason: str = "",
-               detail: str = "") -> None:
+               detail: str = "", requester: str = "") -> None:
         """A ``request_events`` row; ``free_blocks`` by default the ledger's now."""
         if not self._events_wanted:
             return
@@ -119,7 +119,7 @@ class RequestTracker:
             ts=ts, model=st.hello.model, engine=st.engine, server=st.server, request_id=rid,
             event=event, step=st.counters.steps, blocks=blocks, total_blocks=total_blocks,
             free_blocks=free_blocks, max_contiguous_free=max_contiguous_free, tokens=tokens,
-            reason=reason, detail=detail))
+            reason=reason, detail=detail, requester=requester))
 
     def _decision(self, st: EngineState, ts: float, decision: str, rid: str, msg: str,
                   **kw: Any) -> None:
@@ -302,7 +302,8 @@ class RequestTracker:
         self._event(st, f.ts, f.victim, "preempted", blocks=f.victim_blocks, total_blocks=0,
                     free_blocks=f.free_blocks, max_contiguous_free=maxrun,
                     tokens=f.computed_tokens_lost, reason=f.reason,
-                    detail=f"requester={f.requester or ''} blocks_needed={needed}")
+                    detail=f"requester={f.requester or ''} blocks_needed={needed}",
+                    requester=f.requester or "")
         self._decision(st, f.ts, "preempt", f.victim,
                        f"Preempting request {f.victim} due to {f.reason} "
                        f"free_blocks={f.free_blocks} max_contiguous={maxrun} "

@@ -18,7 +18,8 @@ CREATE TABLE IF NOT EXISTS {database}.request_events
     tokens              Int64,
     reason              LowCardinality(String),
     detail              String CODEC(ZSTD(1)),
-    server LowCardinality(String) DEFAULT ''  -- vLLM server of the engine (070)
+    server LowCardinality(String) DEFAULT '',  -- vLLM server of the engine (070)
+    requester String DEFAULT '' CODEC(ZSTD(1))  -- preempted: who needed the blocks (140)
 )
 ENGINE = MergeTree
 PARTITION BY toDate(ts)

@@ -1,6 +1,7 @@
 -- Layer 5: one row per API request the middleware saw answered, joined to the engine's
 -- request IDs (kvscope.rows.ClientRequest). No engine column: one API request may
--- fan out to several engine requests (engine_request_ids). ts is the API server's clock.
+-- fan out to several engine requests (engine_ids; engine_request_ids is the same list
+-- comma-joined, for readers before 130). ts is the API server's clock.
 -- Placeholders: {database}, {ttl_days}, {dedup_window}.
 -- kvscope:sharding_key cityHash64(request_id)
 CREATE TABLE IF NOT EXISTS {database}.client_requests
@@ -21,7 +22,8 @@ CREATE TABLE IF NOT EXISTS {database}.client_requests
     duplicate          Bool,
     duplicate_of       String CODEC(ZSTD(1)),
     preempt_count      Int32,
-    preempt_reason     LowCardinality(String)
+    preempt_reason     LowCardinality(String),
+    engine_ids         Array(String) DEFAULT [] CODEC(ZSTD(1))  -- (130)
 )
 ENGINE = MergeTree
 PARTITION BY toDate(ts)

@@ -7,7 +7,7 @@
 -- (kvscope.state.request_allocations.FLUSH_EVERY_S: as long as the store gathers rows).
 -- Element i of each array is one allocation: the engine step, its time as milliseconds
 -- after ts, the blocks added, the blocks held after it, the pool's free blocks and the
--- request's computed tokens then. request_events_all (090) reads them back as one
+-- request's computed tokens then. request_events_all (150) reads them back as one
 -- request_events row each, exactly as they were written before.
 -- Placeholders: {database}, {ttl_days}, {dedup_window}.
 -- kvscope:sharding_key cityHash64(request_id)

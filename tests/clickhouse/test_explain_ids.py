@@ -1,0 +1,144 @@
+"""Request IDs as callers send them reach ``kvscope explain`` intact: commas and spaces
+(vLLM takes an ``X-Request-Id`` as sent), and an ID over 128 characters, which the
+middleware sends and the store keeps as its digest.
+
+One twin run (vLLM's real scheduler, the probe, the RequestTracker) of requests named as
+vLLM 0.32 names engine requests around such caller IDs; its traces are joined to the
+middleware's events by the real ClientJoin, and every row goes through the ClickHouse sink.
+What vLLM's scheduler did is taken from the probe's own preemption facts (the hub's
+``preemption`` events), not from the rows under test."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pytest
+
+from kvscope.explain import answer, render_json
+from kvscope.rows import RequestTrace
+from kvscope.sinks.base import SinkManager
+from kvscope.state.clients import ClientJoin
+from kvscope.state.hashkey import Keyer
+from kvscope.state.requests import RequestTracker
+from kvscope.store.sink import ClickHouseSink
+from kvscope_probe import wire
+from kvscope_probe.middleware import request_key
+from tests.clickhouse.conftest import FAST, clickhouse_connect, database_name
+
+pytestmark = [pytest.mark.clickhouse, pytest.mark.twin]
+N = 40
+LONG = 3000
+"""Characters of the long callers' IDs (one in five): past the middleware's 128, and the
+length ``tests/engine/test_probe_target.py`` sends a real server."""
+
+
+def caller(i: int) -> str:
+    """The caller's X-Request-Id of request ``i``: commas and spaces, every fifth one long
+    (its digest in the store), one with a requester-like fact in it."""
+    if i % 5 == 0:
+        return f"long, id {i} " + "y" * (LONG - 12)
+    return f"a, b c {i}" if i != 3 else "x blocks_needed=99, requester=q 3"
+
+
+def engine_id(i: int) -> str:
+    return f"cmpl-{caller(i)}-0-{i:08x}"
+
+
+@dataclass
+class Stored:
+    client: Any
+    dsn: str
+    database: str
+    traces: list[RequestTrace]
+    preemptions: list[tuple[str, str | None]]
+    """(victim, requester) of every preemption, as the probe reported it."""
+
+
+@pytest.fixture(scope="module")
+def stored(chdb_dsn: str, twin_runner: Any, tmp_path_factory: pytest.TempPathFactory,
+           request: pytest.FixtureRequest) -> Iterator[Stored]:
+    from kvscope.twin import TwinConfig, WorkloadSpec, generate
+    from kvscope.twin.probed import ProbedTwin
+
+    db = database_name(request.node.nodeid)
+    sink = ClickHouseSink(chdb_dsn, database=db, options=FAST,
+                          spool_dir=str(tmp_path_factory.mktemp("spool")))
+    manager = SinkManager([sink])
+    traces: list[RequestTrace] = []
+    pt = ProbedTwin(TwinConfig(num_blocks=48), seed=5)
+    pt.hub.listeners.append(RequestTracker(
+        lambda r: traces.append(r) if isinstance(r, RequestTrace) else manager.emit(r)
+    ).on_event)
+    seen: list[tuple[str, str | None]] = []
+    pt.hub.listeners.append(lambda kind, _st, p: seen.append(
+        (p.fact.victim, p.fact.requester)) if kind == "preemption" else None)
+    pt.run([replace(r, request_id=engine_id(i))
+            for i, r in enumerate(generate(WorkloadSpec(n_requests=N, seed=5)))])
+    join = ClientJoin(manager.emit, keyer=Keyer(b"test-ids-secret-0123456789"))
+    by_id = {t.request_id: t for t in traces}
+    for i in range(N):  # the middleware's start: the caller's ID as it sends it
+        t = by_id[engine_id(i)]
+        join.on_client(wire.ClientStart(request_key(caller(i)), t.arrival_ts - 0.5,
+                                        "completions", "tiny", "ids", "curl/8", "",
+                                        "0" * 64, 10, 16, f"call-{i}"))
+    for t in traces:
+        join.on_trace(t)
+    for i in range(N):
+        t = by_id[engine_id(i)]
+        join.on_client(wire.ClientEnd(request_key(caller(i)), t.ts + 0.5, 200,
+                                      t.ts - t.arrival_ts + 1.0, f"call-{i}"))
+    join.flush()
+    assert join.stats.joined_traces == N
+    assert sink.flush(60)
+    manager.close()
+    client = clickhouse_connect.get_client(dsn=chdb_dsn, database=db)
+    yield Stored(client, chdb_dsn, db, traces, seen)
+    client.close()
+
+
+def by_someone_else(s: Stored) -> list[tuple[str, str]]:
+    """(victim, requester) of the preemptions another request's growth made."""
+    return [(v, r) for v, r in s.preemptions if r and r != v]
+
+
+def test_callers_ids_with_commas_and_spaces_give_their_own_engine_request(
+        stored: Stored) -> None:
+    """The engine IDs of a caller's request were stored comma-joined and split on ","
+    again: "a, b c 1" gave ["cmpl-a", " b c 1-0-00000001"], neither an engine request."""
+    for i in range(N):
+        if i % 5 == 0:
+            continue
+        body = answer.explain(stored.client, caller(i))
+        assert [r["request_id"] for r in body["engine_requests"]] == [engine_id(i)]
+        jsonschema_valid(body)
+        (api,) = body["api_requests"]
+        assert api["request_id"] == caller(i)
+        assert api["engine_ids"] == [engine_id(i)]
+        # and the engine request's own ID finds the caller's row
+        back = answer.explain(stored.client, engine_id(i))
+        assert [a["request_id"] for a in back["api_requests"]] == [caller(i)]
+
+
+def test_the_requester_of_each_preemption_is_the_one_vllm_grew(stored: Stored) -> None:
+    """The requester was parsed from the space-separated ``detail``: "requester=cmpl-a, b
+    c 7-0-00000007 blocks_needed=2" read "cmpl-a,", no request, so no trigger either."""
+    pairs = by_someone_else(stored)
+    assert pairs, "the run made no preemption by another request's growth"
+    assert any(", " in r for _, r in pairs)
+    for victim in dict.fromkeys(v for v, _ in pairs):
+        body = answer.explain(stored.client, victim)
+        (er,) = body["engine_requests"]
+        got = [p["requester"] for p in er["preemptions"]]
+        want = [r for v, r in stored.preemptions if v == victim]
+        assert got == want, (victim, got, want)
+        for p in er["preemptions"]:
+            assert p["requester_is_victim"] or p["trigger"] is not None, p
+
+
+def jsonschema_valid(body: dict[str, Any]) -> None:
+    import jsonschema
+
+    jsonschema.validate(json.loads(json.dumps(body)), render_json.schema())
