@@ -16,8 +16,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 
+from kvscope import cli
 from kvscope.explain import answer, render_json
+from kvscope.explain.api import explain_router
 from kvscope.rows import RequestTrace
 from kvscope.sinks.base import SinkManager
 from kvscope.state.clients import ClientJoin
@@ -136,6 +140,31 @@ def test_the_requester_of_each_preemption_is_the_one_vllm_grew(stored: Stored) -
         assert got == want, (victim, got, want)
         for p in er["preemptions"]:
             assert p["requester_is_victim"] or p["trigger"] is not None, p
+
+
+def test_a_long_callers_id_is_found_by_its_digest(stored: Stored,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """An ID over 128 characters is stored as ``sha256:<hex>`` of itself: explain with the
+    caller's own ID said "no request" (CLI exit 3, API 404)."""
+    raw = caller(10)
+    assert len(raw) == LONG
+    body = answer.explain(stored.client, raw)
+    assert body["request_id"] == raw
+    assert [a["request_id"] for a in body["api_requests"]] == [request_key(raw)]
+    assert [r["request_id"] for r in body["engine_requests"]] == [engine_id(10)]
+    assert cli.main(["explain", raw, "--dsn", stored.dsn, "--database", stored.database,
+                     "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["api_requests"][0]["request_id"] == (
+        request_key(raw))
+    app = FastAPI()
+    app.include_router(explain_router(
+        lambda: clickhouse_connect.get_client(dsn=stored.dsn, database=stored.database)))
+    r = TestClient(app).get(f"/api/requests/{raw}")
+    assert r.status_code == 200, r.text[:300]
+    assert [x["request_id"] for x in r.json()["engine_requests"]] == [engine_id(10)]
+    # its digest, as the store shows it, is still an answer of its own
+    assert answer.explain(stored.client, request_key(raw))["engine_requests"] == (
+        body["engine_requests"])
 
 
 def jsonschema_valid(body: dict[str, Any]) -> None:

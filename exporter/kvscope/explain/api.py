@@ -19,7 +19,11 @@ from fastapi.responses import HTMLResponse
 
 from kvscope.explain import answer
 
-RequestId = Annotated[str, Path(min_length=1, max_length=512,
+MAX_REQUEST_ID = 8192
+"""vLLM takes a caller's X-Request-Id of any length, and its engine request IDs embed it;
+one over 128 characters is stored as its digest, which explain looks up from the ID
+itself. A request line of 8 KiB fits the 16 KiB head that uvicorn's parser takes."""
+RequestId = Annotated[str, Path(min_length=1, max_length=MAX_REQUEST_ID,
                                 description="vLLM's request ID or the caller's X-Request-Id")]
 """Bounded, so a hostile path is a 422, never a query over a megabyte of text."""
 

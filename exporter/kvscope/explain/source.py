@@ -145,11 +145,16 @@ def engines_of(client: Any, rid: str) -> list[tuple[str, str, str]]:
 
 
 def client_rows(client: Any, rid: str) -> list[dict]:
-    """API requests whose own ID (the caller's X-Request-Id) or joined engine IDs is ``rid``."""
-    return _rows(client, "SELECT {cols} FROM client_requests WHERE request_id = {r:String} "
-                         "OR has(engine_ids, {r:String}) OR (empty(engine_ids) AND "
-                         "has(splitByChar(',', engine_request_ids), {r:String})) "
-                         "ORDER BY ts", {"r": rid}, CLIENT_COLUMNS)
+    """API requests whose own ID (the caller's X-Request-Id) or joined engine IDs is ``rid``.
+    The middleware sends an ID over 128 characters (or one UTF-8 cannot encode) as its
+    digest, and the store keeps that: ``rid`` is looked up as itself and as the digest."""
+    from kvscope_probe.middleware import request_key
+
+    return _rows(client, "SELECT {cols} FROM client_requests WHERE request_id IN "
+                         "{k:Array(String)} OR has(engine_ids, {r:String}) OR "
+                         "(empty(engine_ids) AND has(splitByChar(',', engine_request_ids), "
+                         "{r:String})) ORDER BY ts",
+                 {"r": rid, "k": sorted({rid, request_key(rid)})}, CLIENT_COLUMNS)
 
 
 def engine_ids(row: dict) -> list[str]:
