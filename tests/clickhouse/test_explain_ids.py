@@ -167,6 +167,17 @@ def test_a_long_callers_id_is_found_by_its_digest(stored: Stored,
         body["engine_requests"])
 
 
+def test_worst_gives_a_command_that_a_shell_reads_back(stored: Stored) -> None:
+    """``--worst`` lists ``kvscope explain <id>`` per request: with a space or a comma in
+    the ID the shell split it into several arguments."""
+    import shlex
+
+    got = answer.worst(stored.client, N, 0)["requests"]
+    assert len(got) == N
+    for r in got:
+        assert shlex.split(r["command"]) == ["kvscope", "explain", r["request_id"]]
+
+
 def jsonschema_valid(body: dict[str, Any]) -> None:
     import jsonschema
 

@@ -7,6 +7,7 @@ The ID may be vLLM's engine request ID or the caller's ``X-Request-Id`` (the mid
 
 from __future__ import annotations
 
+import shlex
 from collections import Counter
 from typing import Any
 
@@ -164,5 +165,5 @@ def worst(client: Any, n: int, since: float, server: str = "") -> dict[str, Any]
     rows = source.worst(client, n, since, server)
     for r in rows:
         r["lost_s"] = round(r["waiting_s"] + r["preempted_s"], 6)
-        r["command"] = f"kvscope explain {r['request_id']}"
+        r["command"] = f"kvscope explain {shlex.quote(r['request_id'])}"
     return {"schema": SCHEMA, "since": since, "server": server, "requests": rows}
