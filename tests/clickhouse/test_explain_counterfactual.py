@@ -176,3 +176,25 @@ def test_an_alternative_vllm_would_refuse_is_reported_not_run(
     assert all(a["preemptions"] is not None and "refused" not in a
                for a in got["alternatives"][:3])
     assert f"    2x block size    vLLM would refuse: {why}" in render_text.render(body)
+
+
+def test_a_window_the_twin_cannot_replay_as_asked_is_bad_usage(
+        smallest: tuple[str, str, list[RequestTrace]],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--max-model-len`` below the window's prompts: the replay refuses them
+    (``ReplayError``) and explain exited 1, "the store failed", with the error's class
+    name; README: 2 is bad usage. The user's fix is named."""
+    dsn, db, traces = smallest
+    t = worst(traces)
+    assert max(x.prompt_len for x in traces) >= 64
+    assert cli.main(["explain", t.request_id, "--dsn", dsn, "--database", db,
+                     "--counterfactual", "blocks:33", "--window", "3600",
+                     "--max-model-len", "64"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    (line,) = captured.err.splitlines()
+    assert line.startswith(f"kvscope explain: --counterfactual cannot replay the window "
+                           f"around {t.request_id}: ")
+    assert "leaves no room for output within max_model_len 64" in line
+    assert line.endswith("; give the server's --max-model-len")
+    assert "ReplayError" not in line and "Traceback" not in captured.err

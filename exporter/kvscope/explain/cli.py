@@ -1,7 +1,8 @@
 """``kvscope explain``: why one request was slow, from the store alone.
 
-Exit codes: 0 answered; 1 the store failed (unreachable, locked); 2 bad usage;
-3 no request with that ID is in the store.
+Exit codes: 0 answered; 1 the store failed (unreachable, locked); 2 bad usage, a
+``--counterfactual`` whose window the twin cannot replay as asked included (a prompt
+longer than ``--max-model-len``); 3 no request with that ID is in the store.
 """
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ from kvscope.store.query import ENV_DSN, _connect, _explain, default_dsn
 from kvscope.times import epoch_seconds
 
 EXIT_UNKNOWN = 3
+
+
+class BadUsage(ValueError):
+    """What the user asked cannot be answered from this store as asked (exit 2): the
+    message says what to change."""
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -50,18 +56,26 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def add_counterfactual(client: Any, got: dict[str, Any], args: argparse.Namespace) -> None:
-    """Each engine request's counterfactual under ``args`` (kept in the answer)."""
-    from kvscope.explain.counterfactual import counterfactual
+    """Each engine request's counterfactual under ``args`` (kept in the answer);
+    ``BadUsage`` when the twin cannot replay a window as asked."""
+    from kvscope.explain.counterfactual import ENGINE, counterfactual
     from kvscope.models.kv_layout import load
     from kvscope.twin.scheduler import model_fields
+    from kvscope.whatif.replay import ReplayError
 
     model = model_fields(load(args.model)) if args.model else None
     for r in got["engine_requests"]:
         ev = r["timeline"]
-        r["counterfactual"] = counterfactual(
-            client, r["engine"], r["server"], r["request_id"], queued_ts=ev[0]["ts"],
-            end_ts=ev[-1]["ts"], baseline=args.counterfactual, window_s=args.window,
-            model=model, max_model_len=args.max_model_len)
+        try:
+            r["counterfactual"] = counterfactual(
+                client, r["engine"], r["server"], r["request_id"], queued_ts=ev[0]["ts"],
+                end_ts=ev[-1]["ts"], baseline=args.counterfactual, window_s=args.window,
+                model=model, max_model_len=args.max_model_len)
+        except ReplayError as exc:  # the records as stored, against the options given
+            hint = ("; give the server's --max-model-len" if args.counterfactual != ENGINE
+                    and "max_model_len" in str(exc) else "")
+            raise BadUsage(f"--counterfactual cannot replay the window around "
+                           f"{r['request_id']}: {exc}{hint}") from None
 
 
 def since_epoch(text: str, now: float) -> float:
@@ -112,6 +126,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvscope explain: no request {args.request_id!r} in the store (neither an "
               "engine request ID nor an API request's X-Request-Id)", file=sys.stderr)
         return EXIT_UNKNOWN
+    except BadUsage as exc:
+        print(f"kvscope explain: {exc}", file=sys.stderr)
+        return 2
     except Exception as exc:  # noqa: BLE001
         print(f"kvscope explain: {_explain(exc, target)}", file=sys.stderr)
         return 1
