@@ -1,12 +1,16 @@
 """``kvscope explain`` against a real vLLM CPU server under a load that preempts: the
 sidecar's ``/api/requests/{X-Request-Id}`` (from its embedded store) is checked against
-what vLLM itself counted for each request and against the latency each client measured."""
+what vLLM itself counted for each request and against the latency each client measured.
+The callers' IDs hold a comma and spaces, as vLLM takes them, and one is longer than 128
+characters (the store keeps its digest): each must come back as the caller's one engine
+request, with each preemption's requester as vLLM named it."""
 
 from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -25,8 +29,14 @@ preempted nothing is followed by another, up to ``ROUNDS`` in all."""
 ROUNDS = 3
 
 
+def request_id(i: int, round_: int) -> str:
+    """The caller's X-Request-Id: a comma and spaces; request 0's over 128 characters."""
+    rid = f"explain, {i} x" if round_ == 0 else f"explain, {round_}-{i} x"
+    return rid + " " + "z" * 200 if i == 0 else rid
+
+
 def send(url: str, i: int, round_: int) -> tuple[str, float]:
-    rid = f"explain-{i}" if round_ == 0 else f"explain-{round_}-{i}"
+    rid = request_id(i, round_)
     body = {"model": "tiny", "prompt": " ".join(f"w{(i * 7 + k) % 900}" for k in
                                                 range(PROMPT_WORDS)),
             "max_tokens": MAX_TOKENS, "ignore_eos": True}
@@ -41,12 +51,13 @@ def explained(stack: EngineStack, rid: str, timeout_s: float = 60.0) -> dict[str
     """The answer once the request's trace and client row are in the store."""
     deadline = time.monotonic() + timeout_s
     while True:
-        r = httpx.get(f"{stack.sidecar.url}/api/requests/{rid}", timeout=30, trust_env=False)
+        r = httpx.get(f"{stack.sidecar.url}/api/requests/{quote(rid, safe='')}", timeout=30,
+                      trust_env=False)
         body = r.json() if r.status_code == 200 else {}
         ers = body.get("engine_requests") or []
         if ers and ers[0]["trace"] and body["api_requests"]:
             return body
-        assert time.monotonic() < deadline, (rid, r.status_code, r.text[:300])
+        assert time.monotonic() < deadline, (rid[:40], r.status_code, r.text[:300])
         time.sleep(1.0)
 
 
@@ -77,6 +88,9 @@ def check_explained(engine_stack: EngineStack, measured: dict[str, float]) -> tu
     for rid, client_s in measured.items():
         body = explained(engine_stack, rid)
         (er,) = body["engine_requests"]
+        (api,) = body["api_requests"]
+        assert api["engine_ids"] == [er["request_id"]]
+        assert er["request_id"].startswith(f"cmpl-{rid}-0-")
         pre = er["preemptions"]
         events = [e for e in er["timeline"] if e["event"] == "preempted"]
         # vLLM's own per-request count (Request.num_preemptions, in the trace) and the events
