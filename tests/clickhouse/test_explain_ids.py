@@ -14,6 +14,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from fastapi import FastAPI
@@ -41,10 +42,10 @@ length ``tests/engine/test_probe_target.py`` sends a real server."""
 
 def caller(i: int) -> str:
     """The caller's X-Request-Id of request ``i``: commas and spaces, every fifth one long
-    (its digest in the store), one with a requester-like fact in it."""
+    (its digest in the store), one with a requester-like fact in it, one with a slash."""
     if i % 5 == 0:
         return f"long, id {i} " + "y" * (LONG - 12)
-    return f"a, b c {i}" if i != 3 else "x blocks_needed=99, requester=q 3"
+    return {3: "x blocks_needed=99, requester=q 3", 4: "team-a/req 4, b"}.get(i, f"a, b c {i}")
 
 
 def engine_id(i: int) -> str:
@@ -165,6 +166,18 @@ def test_a_long_callers_id_is_found_by_its_digest(stored: Stored,
     # its digest, as the store shows it, is still an answer of its own
     assert answer.explain(stored.client, request_key(raw))["engine_requests"] == (
         body["engine_requests"])
+
+
+def test_the_api_answers_an_id_with_a_slash(stored: Stored) -> None:
+    """The route's ``{request_id}`` stopped at a ``/`` (decoded from ``%2F`` before
+    routing), so the caller's "team-a/req 4, b" was a 404 from the API and its page."""
+    app = FastAPI()
+    app.include_router(explain_router(
+        lambda: clickhouse_connect.get_client(dsn=stored.dsn, database=stored.database)))
+    r = TestClient(app).get("/api/requests/" + quote(caller(4), safe=""))
+    assert r.status_code == 200, r.text[:300]
+    assert [x["request_id"] for x in r.json()["engine_requests"]] == [engine_id(4)]
+    assert TestClient(app).get("/ui/requests/" + quote(caller(4), safe="")).status_code == 200
 
 
 def test_worst_gives_a_command_that_a_shell_reads_back(stored: Stored) -> None:

@@ -25,7 +25,9 @@ one over 128 characters is stored as its digest, which explain looks up from the
 itself. A request line of 8 KiB fits the 16 KiB head that uvicorn's parser takes."""
 RequestId = Annotated[str, Path(min_length=1, max_length=MAX_REQUEST_ID,
                                 description="vLLM's request ID or the caller's X-Request-Id")]
-"""Bounded, so a hostile path is a 422, never a query over a megabyte of text."""
+"""Bounded, so a hostile path is a 422, never a query over a megabyte of text. Routed as a
+``path``: a caller's ID may hold ``/``, which the server decodes from ``%2F`` before it
+routes."""
 
 
 @cache
@@ -36,7 +38,7 @@ def page_html() -> str:
 def explain_router(connect: Callable[[], Any] | None) -> APIRouter:
     router = APIRouter()
 
-    @router.get("/api/requests/{request_id}", summary="Why one request was slow (explain)")
+    @router.get("/api/requests/{request_id:path}", summary="Why one request was slow (explain)")
     def explain(request_id: RequestId) -> dict[str, Any]:
         if connect is None:
             # Not a failure of the sidecar (no 5xx): this one keeps no store, by its settings.
@@ -55,7 +57,7 @@ def explain_router(connect: Callable[[], Any] | None) -> APIRouter:
         finally:
             client.close()
 
-    @router.get("/ui/requests/{request_id}", response_class=HTMLResponse,
+    @router.get("/ui/requests/{request_id:path}", response_class=HTMLResponse,
                 summary="One request's story as a page")
     def page(request_id: RequestId) -> HTMLResponse:
         return HTMLResponse(page_html())
