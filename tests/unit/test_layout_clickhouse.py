@@ -25,6 +25,7 @@ def check(data_dir: str) -> dict[str, Any]:
 
     from kvscope.layout.history import layout_rows
     from kvscope.layout.sampler import LayoutSampler
+    from kvscope.store import schema
     from kvscope_probe import wire
     from tests.unit.test_hub import feed
     from tests.unit.test_layout import C, F, N, U, pool
@@ -34,7 +35,8 @@ def check(data_dir: str) -> dict[str, Any]:
     admin.command(f"CREATE DATABASE IF NOT EXISTS {DB}")
     ddl = (ROOT / "clickhouse/schema/050_layout_snapshots.sql").read_text()
     for _ in range(2):  # idempotent
-        admin.command(ddl.format(database=DB, ttl_days=7))
+        admin.command(ddl.format(database=DB, ttl_days=7,
+                                 dedup_window=schema.EMBEDDED_DEDUP_WINDOW))
     client = clickhouse_connect.get_client(dsn=f"chdb://{data_dir}", database=DB)
 
     hub = pool([N, U, U, F, U, C, C, F], {"a": [[1, 2]], "b": [[4, 1]]}, {"a": 20, "b": 9})
