@@ -26,6 +26,18 @@ FAST = DeliveryOptions(batch_interval_s=0.1, fsync=False, backoff_initial_s=0.02
 """Delivery options for tests: short batch interval and backoff, no fsync."""
 
 
+def open_sink(dsn: str, database: str,
+              tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
+    """kvscope's ClickHouse sink on ``database`` (the embedded store's path, FAST delivery,
+    a spool of its own) and the SinkManager that feeds it, as a test writes its rows."""
+    from kvscope.sinks.base import SinkManager
+    from kvscope.store.sink import ClickHouseSink
+
+    sink = ClickHouseSink(dsn, database=database, options=FAST,
+                          spool_dir=str(tmp_path_factory.mktemp("spool")))
+    return sink, SinkManager([sink])
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "clickhouse: runs ClickHouse (chDB) in-process")
 
@@ -83,16 +95,11 @@ def store_rows(chdb_dsn: str, tmp_path_factory: pytest.TempPathFactory,
                request: pytest.FixtureRequest) -> Iterator[Callable[[list[Any]], Any]]:
     """``store(rows)``: the rows written through kvscope's ClickHouse sink (the embedded
     store's path) into a database of their own; a client on it, closed after the test."""
-    from kvscope.sinks.base import SinkManager
-    from kvscope.store.sink import ClickHouseSink
-
     clients: list[Any] = []
 
     def store(rows: list[Any]) -> Any:
         db = database_name(f"{request.node.nodeid}#{len(clients)}")
-        sink = ClickHouseSink(chdb_dsn, database=db, options=FAST,
-                              spool_dir=str(tmp_path_factory.mktemp("spool")))
-        manager = SinkManager([sink])
+        sink, manager = open_sink(chdb_dsn, db, tmp_path_factory)
         for r in rows:
             manager.emit(r)
         assert sink.flush(60)

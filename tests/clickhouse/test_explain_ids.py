@@ -24,14 +24,12 @@ from kvscope import cli
 from kvscope.explain import answer, render_json
 from kvscope.explain.api import explain_router
 from kvscope.rows import RequestTrace
-from kvscope.sinks.base import SinkManager
 from kvscope.state.clients import ClientJoin
 from kvscope.state.hashkey import Keyer
 from kvscope.state.requests import RequestTracker
-from kvscope.store.sink import ClickHouseSink
 from kvscope_probe import wire
 from kvscope_probe.middleware import request_key
-from tests.clickhouse.conftest import FAST, clickhouse_connect, database_name
+from tests.clickhouse.conftest import clickhouse_connect, database_name, open_sink
 
 pytestmark = [pytest.mark.clickhouse, pytest.mark.twin]
 N = 40
@@ -69,9 +67,7 @@ def stored(chdb_dsn: str, twin_runner: Any, tmp_path_factory: pytest.TempPathFac
     from kvscope.twin.probed import ProbedTwin
 
     db = database_name(request.node.nodeid)
-    sink = ClickHouseSink(chdb_dsn, database=db, options=FAST,
-                          spool_dir=str(tmp_path_factory.mktemp("spool")))
-    manager = SinkManager([sink])
+    sink, manager = open_sink(chdb_dsn, db, tmp_path_factory)
     traces: list[RequestTrace] = []
     pt = ProbedTwin(TwinConfig(num_blocks=48), seed=5)
     pt.hub.listeners.append(RequestTracker(

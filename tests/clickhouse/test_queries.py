@@ -29,10 +29,13 @@ from kvscope.rows import (
     columns,
     unrolled,
 )
-from kvscope.sinks.base import SinkManager
 from kvscope.store import query, schema
-from kvscope.store.sink import ClickHouseSink
-from tests.clickhouse.conftest import FAST, clickhouse_connect, count, database_name
+from tests.clickhouse.conftest import (
+    clickhouse_connect,
+    count,
+    database_name,
+    open_sink,
+)
 from tests.clickhouse.twinrun import BLOCK_SIZE
 
 pytestmark = [pytest.mark.clickhouse, pytest.mark.twin]
@@ -52,9 +55,7 @@ class Run:
 def run(chdb_dsn: str, twin_runner: Any, tmp_path_factory: pytest.TempPathFactory,
         request: pytest.FixtureRequest) -> Iterator[Run]:
     db = database_name(request.node.nodeid)
-    sink = ClickHouseSink(chdb_dsn, database=db, options=FAST,
-                          spool_dir=str(tmp_path_factory.mktemp("spool")))
-    manager = SinkManager([sink])
+    sink, manager = open_sink(chdb_dsn, db, tmp_path_factory)
     rows: list[Any] = []
     twin_runner(lambda r: (rows.append(r), manager.emit(r)))
     assert sink.flush(60)
