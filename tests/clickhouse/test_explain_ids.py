@@ -142,7 +142,8 @@ def test_the_requester_of_each_preemption_is_the_one_vllm_grew(stored: Stored) -
 def test_a_long_callers_id_is_found_by_its_digest(stored: Stored,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     """An ID over 128 characters is stored as ``sha256:<hex>`` of itself: explain with the
-    caller's own ID said "no request" (CLI exit 3, API 404)."""
+    caller's own ID said "no request" (CLI exit 3, API 404). The CLI takes any length; the
+    API up to 1,024 characters, and the digest of a longer one."""
     raw = caller(10)
     assert len(raw) == LONG
     body = answer.explain(stored.client, raw)
@@ -156,9 +157,17 @@ def test_a_long_callers_id_is_found_by_its_digest(stored: Stored,
     app = FastAPI()
     app.include_router(explain_router(
         lambda: clickhouse_connect.get_client(dsn=stored.dsn, database=stored.database)))
-    r = TestClient(app).get(f"/api/requests/{raw}")
+    # the API takes IDs up to MAX_REQUEST_ID characters (a request line uvicorn reads
+    # whatever the characters): past it a clear 422, and the digest the store shows (what
+    # the dashboards' links carry) answers
+    api = TestClient(app)
+    r = api.get(f"/api/requests/{raw}")
+    assert r.status_code == 422 and "at most 1024 characters" in r.text, r.text[:300]
+    r = api.get(f"/api/requests/{request_key(raw)}")
     assert r.status_code == 200, r.text[:300]
     assert [x["request_id"] for x in r.json()["engine_requests"]] == [engine_id(10)]
+    mid = "long, id 99 " + "z" * 988  # over 128 and within the API's bound: found raw
+    assert api.get(f"/api/requests/{mid}").status_code == 404  # not in the store: looked up
     # its digest, as the store shows it, is still an answer of its own
     assert answer.explain(stored.client, request_key(raw))["engine_requests"] == (
         body["engine_requests"])

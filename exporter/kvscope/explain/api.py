@@ -19,10 +19,12 @@ from fastapi.responses import HTMLResponse
 
 from kvscope.explain import answer
 
-MAX_REQUEST_ID = 8192
+MAX_REQUEST_ID = 1024
 """vLLM takes a caller's X-Request-Id of any length, and its engine request IDs embed it;
 one over 128 characters is stored as its digest, which explain looks up from the ID
-itself. A request line of 8 KiB fits the 16 KiB head that uvicorn's parser takes."""
+itself. 1,024 characters, each up to 4 UTF-8 bytes and percent-encoded as 12, make a
+request line of at most ~12 KiB: inside the 16 KiB head uvicorn's parser takes (and
+httpx's 64 KiB URL). 8,192 did not fit either: a path of 3-byte characters was 72 KiB."""
 RequestId = Annotated[str, Path(min_length=1, max_length=MAX_REQUEST_ID,
                                 description="vLLM's request ID or the caller's X-Request-Id")]
 """Bounded, so a hostile path is a 422, never a query over a megabyte of text. Routed as a
