@@ -4,7 +4,9 @@ The package's one server (48 blocks of 32 tokens, 32 seqs, 512-token budget) and
 sidecar with the chDB store; this module sorts last in the package because it stops the
 sidecar. Two loads are recorded (each load's window of the store, and vLLM's counters
 read as differences, so what the package's earlier modules sent does not count): a mixed one (the
-default mix: long prompts, a shared prefix, preemptions) and a short-prompt one. The
+default mix: long prompts, a shared prefix, preemptions) and a short-prompt one, whose first
+wave reaches the engine together (``drive_together``) so its client's concurrency is in the
+recording. The
 sidecar is then stopped and the store read with ``kvscope query replay_traffic``, as a
 user would.
 
@@ -126,7 +128,10 @@ def export(stack: EngineStack, since: float, until: float, path: Path) -> list[d
 def recorded(engine_stack: EngineStack, tmp_path_factory: pytest.TempPathFactory
              ) -> dict[str, Any]:
     mixed = drive(engine_stack, MIXED)
-    short = drive(engine_stack, SHORT)
+    # its first wave held until all of it reached the engine: the recording's client then
+    # had its 4 in flight at once, as whatif must read it (sent at the client's pace, on a
+    # loaded machine the first request once ended before the fourth arrived: 3 read)
+    short = drive_together(engine_stack, SHORT)
     engine_stack.sidecar.stop()  # releases the chDB store (rows flushed on the way out)
     tmp = tmp_path_factory.mktemp("replay")
     return {"dir": tmp, "mixed_preemptions": mixed[2],
