@@ -288,9 +288,10 @@ class Keyframe(msgspec.Struct, tag="keyframe", array_like=True, frozen=True, gc=
     states: bytes
     """One byte per block: STATE_*."""
     tables: dict[str, list[list[int]]]
-    """Block table of every running request, one list per KV group."""
+    """Block table of every running request but the ``pending`` ones, one list per KV
+    group."""
     tokens: dict[str, int]
-    """Computed tokens of every running request."""
+    """Computed tokens of every running request (``pending`` ones included)."""
     pending: list[str] = []
     """Running requests whose tables are not in ``tables`` but follow, read at the end of
     the next steps, in ``KeyframeTables`` records (a keyframe reads at most

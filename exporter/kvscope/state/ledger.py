@@ -143,9 +143,7 @@ class Ledger:
                             or int(states[1:].max(initial=0)) > wire.STATE_USED):
             raise ValueError("keyframe states: block 0 is not the null block, or a block "
                              "has an unknown state")
-        for groups in kf.tables.values():
-            for ids in groups:
-                self._check_ids(ids)
+        self._check_tables(kf.tables)
         pending = kf.pending
         mismatch = self.synced and (
             bytes(self.states) != kf.states or self._tables_differ(kf)
@@ -175,9 +173,7 @@ class Ledger:
     def load_tables(self, part: wire.KeyframeTables) -> bool:
         """Adopt the tables of a keyframe's slice, read by the probe after the step this
         ledger applied last; True when an in-sync ledger held other tables for them."""
-        for groups in part.tables.values():
-            for ids in groups:
-                self._check_ids(ids)
+        self._check_tables(part.tables)
         tables = self.tables
         mismatch = self.synced and any(tables.get(k) != v for k, v in part.tables.items())
         for rid, groups in part.tables.items():
@@ -299,6 +295,12 @@ class Ledger:
         for i in ids:  # a step's growth, a block or two: two builtin calls cost 5x more
             if not 0 <= i < n:
                 raise ValueError(f"block id {i} in a block table, outside pool of {n}")
+
+    def _check_tables(self, tables: dict[str, list[list[int]]]) -> None:
+        """``_check_ids`` for every table of a keyframe or slice, before any is adopted."""
+        for groups in tables.values():
+            for ids in groups:
+                self._check_ids(ids)
 
     def _set_table(self, req_id: str, groups: list[list[int]]) -> None:
         """A whole table (admitted, resumed or from a keyframe), copied; ValueError, and
