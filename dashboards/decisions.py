@@ -32,7 +32,7 @@ def build(cfg: Config) -> p.Board:
                 "admissions, resumes.")
     b.variables(p.datasource("prometheus", "Prometheus"), p.datasource("loki", "Loki"),
                 p.datasource("clickhouse", "ClickHouse"), *engine_variables(cfg))
-    timeline = (f"/d/{cfg.uids.requests}?var-request_id=${{__value.raw}}"
+    timeline = (f"/d/{cfg.uids.requests}?var-request_id=${{__value.raw:percentencode}}"
                 "&${server:queryparam}&${engine:queryparam}&${__url_time_range}")
     b.row("Counts").add(
         p.graph("Preemptions by reason",

@@ -91,7 +91,7 @@ def _top(cfg: Config, title: str, description: str, series: str, unit: str) -> p
     sel = '{server=~"$server", engine=~"$engine", model=~"$model"}'
     engine_url = (f"/d/{cfg.uids.blocks}?var-server=${{__data.fields.server}}"
                   "&var-engine=${__data.fields.engine}&${__url_time_range}")
-    explain = ("kvscope explain --worst --server ${__data.fields.server} "
+    explain = ("kvscope explain --worst 10 --since 900 --server ${__data.fields.server} "
                "--engine ${__data.fields.engine}")
     return p.grid(title, description + " Click an engine for its dashboard, its server for "
                   "the kvscope explain --worst command to run against it.",

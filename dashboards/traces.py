@@ -15,7 +15,8 @@ from dashboards.blocks import engine_variables
 from dashboards.config import Config
 
 SIDECAR_URL = "http://localhost:9477"
-EXPLAIN = ("Explain ${__value.raw} (kvscope explain)", "${sidecar}/ui/requests/${__value.raw}")
+EXPLAIN = ("Explain ${__value.raw} (kvscope explain)",
+           "${sidecar}/ui/requests/${__value.raw:percentencode}")
 """The data link on a request ID: the sidecar's page of ``kvscope explain``."""
 
 
@@ -43,7 +44,7 @@ def build(cfg: Config) -> p.Board:
                 "request's story.")
     b.variables(*variables(cfg))
     this = f"/d/{cfg.uids.requests}"
-    victim = (f"{this}?var-request_id=${{__value.raw}}&${{server:queryparam}}"
+    victim = (f"{this}?var-request_id=${{__value.raw:percentencode}}&${{server:queryparam}}"
               "&${engine:queryparam}&${model:queryparam}&${days:queryparam}&${__url_time_range}")
     b.row("Preemptions per hour").add(p.grid(
         "Hourly preemption rate (last $days days)",

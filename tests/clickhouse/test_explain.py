@@ -257,6 +257,22 @@ def test_worst_counts_requests_that_ended_waiting_or_preempted(store_rows: Any) 
     assert got["dropped"]["preemptions"] == 1
 
 
+def test_worst_of_one_engine(store_rows: Any) -> None:
+    """The fleet dashboard's command names a server and an engine: ``--engine`` keeps the
+    requests of that engine only (the others' losses are larger here)."""
+    from dataclasses import replace
+
+    t0 = 1_800_000_000.0
+    rows = [_ev("a", "queued", 1, t0), _ev("a", "finished", 9, t0 + 5.0),
+            _ev("b", "queued", 1, t0), _ev("b", "finished", 9, t0 + 50.0)]
+    client = store_rows([*rows[:2], *(replace(r, engine="1") for r in rows[2:])])
+    got = answer.worst(client, 5, 0, engine="0")
+    valid(got, "worst")
+    assert [(r["request_id"], r["engine"]) for r in got["requests"]] == [("a", "0")]
+    assert got["engine"] == "0"
+    assert [r["request_id"] for r in answer.worst(client, 5, 0)["requests"]] == ["b", "a"]
+
+
 def test_a_request_that_ended_in_the_preemptions_step_held_nothing_as_it_began(
         store_rows: Any) -> None:
     """vLLM frees a finished request's blocks in update_from_output, before the next

@@ -298,5 +298,5 @@ def test_lokis_request_id_link_opens_the_explain_page(services: dict[str, dict[s
         blocks_needed=1, free_blocks=0, max_contiguous_free=0, tokens=5, policy="fcfs",
         msg="Preempting request cmpl-7a/x"))
     assert re.search(field["matcherRegex"], line).group(1) == "cmpl-7a/x"
-    assert field["url"] == "${KVSCOPE_SIDECAR_URL}/ui/requests/$${__value.raw}"
+    assert field["url"] == "${KVSCOPE_SIDECAR_URL}/ui/requests/$${__value.raw:percentencode}"
     assert graf["environment"]["KVSCOPE_SIDECAR_URL"].endswith("http://localhost:9477}")

@@ -159,11 +159,14 @@ def _api(row: dict) -> dict[str, Any]:
     return {**{k: row[k] for k in source.CLIENT_COLUMNS}, "engine_ids": source.engine_ids(row)}
 
 
-def worst(client: Any, n: int, since: float, server: str = "") -> dict[str, Any]:
+def worst(client: Any, n: int, since: float, server: str = "",
+          engine: str = "") -> dict[str, Any]:
     """The ``n`` requests queued since ``since`` that lost the most time waiting to be
-    admitted or preempted, with each one's ``kvscope explain`` command."""
-    rows = source.worst(client, n, since, server)
+    admitted or preempted (on ``server`` and ``engine`` when given), with each one's
+    ``kvscope explain`` command."""
+    rows = source.worst(client, n, since, server, engine)
     for r in rows:
         r["lost_s"] = round(r["waiting_s"] + r["preempted_s"], 6)
         r["command"] = f"kvscope explain {shlex.quote(r['request_id'])}"
-    return {"schema": SCHEMA, "since": since, "server": server, "requests": rows}
+    return {"schema": SCHEMA, "since": since, "server": server, "engine": engine,
+            "requests": rows}

@@ -33,6 +33,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--since", default="3600", help="with --worst: seconds back from now "
                    "(e.g. 3600), or an epoch / ISO 8601 time (default 3600)")
     p.add_argument("--server", default="", help="with --worst: one vLLM server")
+    p.add_argument("--engine", default="", help="with --worst: one engine of it (as the "
+                   "metrics' engine label)")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("--counterfactual", metavar="engine|KEY:VALUE,...",
                    help="replay the window around the request on the twin under the "
@@ -109,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     try:
         if args.worst is not None:
-            found = answer.worst(client, args.worst, since, args.server)
+            found = answer.worst(client, args.worst, since, args.server, args.engine)
             out = (render_json.dumps(found) if args.format == "json"
                    else render_text.worst(found))
         else:

@@ -212,7 +212,7 @@ def engine_config(client: Any, engine: str, server: str, at: float) -> dict | No
     return rows[0] if rows else None
 
 
-def worst(client: Any, n: int, since: float, server: str) -> list[dict]:
+def worst(client: Any, n: int, since: float, server: str, engine: str = "") -> list[dict]:
     """The ``n`` ended requests that lost the most seconds waiting to be admitted and
     preempted (resumed minus preempted times), most first; one that ended while it waited
     or sat preempted (aborted) lost the time until its end there."""
@@ -229,9 +229,10 @@ def worst(client: Any, n: int, since: float, server: str) -> list[dict]:
             countIf(event = 'preempted') AS preemptions
           FROM request_events
           WHERE ({s:String} = '' OR server = {s:String})
+            AND ({e:String} = '' OR engine = {e:String})
           GROUP BY server, engine, request_id
           HAVING countIf(event IN ('finished', 'aborted')) > 0
              AND countIf(event = 'queued') > 0
              AND toFloat64(minIf(ts, event = 'queued')) >= {since:Float64})
         ORDER BY waiting_s + preempted_s DESC, request_id LIMIT {n:UInt32}""",
-                 {"s": server, "since": since, "n": n}, cols)
+                 {"s": server, "e": engine, "since": since, "n": n}, cols)
