@@ -198,3 +198,22 @@ def test_a_window_the_twin_cannot_replay_as_asked_is_bad_usage(
     assert "leaves no room for output within max_model_len 64" in line
     assert line.endswith("; give the server's --max-model-len")
     assert "ReplayError" not in line and "Traceback" not in captured.err
+
+
+@pytest.mark.parametrize(("spec", "named"), [("blocks:many", "blocks"),
+                                             ("blocks:33,colour:red", "unknown key 'colour'"),
+                                             ("blocks33", "is not key:value")])
+def test_a_malformed_counterfactual_is_bad_usage_before_the_store_is_read(
+        smallest: tuple[str, str, list[RequestTrace]], spec: str, named: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A ``--counterfactual`` that is not a setting was reported inside the answer with
+    exit 0, as if the request had been explained as asked. It is bad usage (exit 2),
+    one line naming what is wrong, nothing on stdout."""
+    dsn, db, traces = smallest
+    assert cli.main(["explain", worst(traces).request_id, "--dsn", dsn, "--database", db,
+                     "--counterfactual", spec, "--window", "3600"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    (line,) = captured.err.splitlines()
+    assert line.startswith("kvscope explain: --counterfactual: ")
+    assert named in line

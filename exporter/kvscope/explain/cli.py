@@ -57,15 +57,34 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def add_counterfactual(client: Any, got: dict[str, Any], args: argparse.Namespace) -> None:
+def counterfactual_model(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``--model``'s KV layout as the twin takes it; ``BadUsage`` when it cannot be read,
+    or when a hand-given ``--counterfactual`` is not a setting: both said before the
+    store is read, never inside an answer that exits 0."""
+    from kvscope.explain.counterfactual import problems
+
+    model = None
+    if args.model:
+        from kvscope.models.kv_layout import load
+        from kvscope.twin.scheduler import model_fields
+
+        try:
+            model = model_fields(load(args.model))
+        except (OSError, ValueError) as exc:  # the message names --model
+            raise BadUsage(str(exc)) from None
+    wrong = problems(args.counterfactual, max_model_len=args.max_model_len, model=model)
+    if wrong:
+        raise BadUsage("--counterfactual: " + "; ".join(wrong))
+    return model
+
+
+def add_counterfactual(client: Any, got: dict[str, Any], args: argparse.Namespace,
+                       model: dict[str, Any] | None) -> None:
     """Each engine request's counterfactual under ``args`` (kept in the answer);
     ``BadUsage`` when the twin cannot replay a window as asked."""
     from kvscope.explain.counterfactual import ENGINE, counterfactual
-    from kvscope.models.kv_layout import load
-    from kvscope.twin.scheduler import model_fields
     from kvscope.whatif.replay import ReplayError
 
-    model = model_fields(load(args.model)) if args.model else None
     for r in got["engine_requests"]:
         ev = r["timeline"]
         try:
@@ -101,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         since = since_epoch(args.since, time.time())
         target = Target.parse(args.dsn or default_dsn())
-    except ValueError as exc:
+        model = counterfactual_model(args) if args.counterfactual else None
+    except ValueError as exc:  # BadUsage included
         print(f"kvscope explain: {exc}", file=sys.stderr)
         return 2
     try:
@@ -117,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             got = answer.explain(client, args.request_id)
             if args.counterfactual:
-                add_counterfactual(client, got, args)
+                add_counterfactual(client, got, args, model)
             if args.png:
                 from kvscope.explain.png import render_png
 

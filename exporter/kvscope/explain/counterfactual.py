@@ -76,7 +76,6 @@ def counterfactual(client: Any, engine: str, server: str, rid: str, *, queued_ts
     from kvscope.whatif.measure import measure
     from kvscope.whatif.recorded import Fidelity, figures
     from kvscope.whatif.replay import load
-    from kvscope.whatif.settings import KEYS, build
 
     recs = window_records(client, engine, server, queued_ts - window_s, end_ts, rid)
     index = next((i for i, r in enumerate(recs) if r["request_id"] == rid), None)
@@ -94,8 +93,7 @@ def counterfactual(client: Any, engine: str, server: str, rid: str, *, queued_ts
             return {"window": len(recs), "errors": [str(exc)]}
         baseline, max_model_len, model = got.spec, got.max_model_len, got.model
         settings = {"from": "engine", "spec": baseline, "session": row["session"]}
-    found = build({k: [] for k in KEYS}, [f"server={baseline}"], max_model_len=max_model_len,
-                  bytes_per_token=1, errors=errors, model=model)
+    found = server_setting(baseline, max_model_len=max_model_len, model=model, errors=errors)
     if errors or index is None:
         return {"window": len(recs), "settings": settings,
                 "errors": errors or [f"{rid} is not in the window"]}
@@ -124,6 +122,26 @@ def counterfactual(client: Any, engine: str, server: str, rid: str, *, queued_ts
         out["alternatives"].append({"setting": name, **outcome_of(measure(cfg, replay.requests,
                                                                           seed=seed), twin_id)})
     return out
+
+
+def server_setting(baseline: str, *, max_model_len: int, model: dict[str, Any] | None,
+                   errors: list[str]) -> list[Any]:
+    """``baseline`` (whatif's ``key:value,...``) as whatif builds the server's setting;
+    every problem appended to ``errors`` (the CLI checks a hand-given one before it
+    reads the store: ``problems``)."""
+    from kvscope.whatif.settings import KEYS, build
+
+    return build({k: [] for k in KEYS}, [f"server={baseline}"], max_model_len=max_model_len,
+                 bytes_per_token=1, errors=errors, model=model)
+
+
+def problems(baseline: str, *, max_model_len: int, model: dict[str, Any] | None) -> list[str]:
+    """What is wrong with a hand-given ``--counterfactual`` setting; empty when it builds
+    (``ENGINE`` is read from the store and checked there)."""
+    errors: list[str] = []
+    if baseline != ENGINE:
+        server_setting(baseline, max_model_len=max_model_len, model=model, errors=errors)
+    return errors
 
 
 def refusal(cfg: Any) -> str | None:
