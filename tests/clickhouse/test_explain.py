@@ -488,3 +488,18 @@ def test_the_trace_is_the_requests_own_engines(store_rows: Any) -> None:
     (r,) = answer.explain(client, "x")["engine_requests"]
     assert (r["trace"]["server"], r["trace"]["preempt_count"]) == ("", 0)
     assert r["incomplete"] == [] and r["verdict"].endswith("never preempted")
+
+
+def test_a_store_older_than_the_command_is_named_with_the_fix(
+        store_rows: Any, chdb_dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A newer ``kvscope explain`` against a store whose tables a newer sidecar has not
+    altered yet (the CLI upgraded first) printed ClickHouse's unknown-identifier error,
+    which reads as a kvscope bug. It still exits 1 (the store), and says what to do."""
+    t0 = 1_800_000_000.0
+    client = store_rows([_ev("a", "queued", 1, t0), _ev("a", "finished", 9, t0 + 5.0)])
+    db = client.database
+    client.command("ALTER TABLE client_requests DROP COLUMN engine_ids")  # before 130
+    assert cli.main(["explain", "a", "--dsn", chdb_dsn, "--database", db]) == 1
+    err = capsys.readouterr().err
+    assert "engine_ids" in err and "Traceback" not in err
+    assert "older than this kvscope" in err and "kvscope serve" in err

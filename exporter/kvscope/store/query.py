@@ -191,4 +191,9 @@ def _explain(exc: BaseException, target: Any) -> str:
         text += (" -- the embedded chDB store is open in another process (a running kvscope"
                  " serve or demo?); query it through a ClickHouse server DSN or stop that"
                  " process")
+    if "UNKNOWN_IDENTIFIER" in text or "NO_SUCH_COLUMN_IN_TABLE" in text:
+        text = text[:1500] + (
+            " -- the store's tables are older than this kvscope (a column it reads is not "
+            "there yet): a kvscope serve of this version adds the new columns as it starts "
+            "(each an ALTER TABLE ... ADD COLUMN IF NOT EXISTS, printed by kvscope schema)")
     return text[:2000]
