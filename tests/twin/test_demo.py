@@ -16,6 +16,7 @@ import json
 import os
 import queue
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -149,6 +150,30 @@ def findings_shown(demo: Demo, text: str) -> int:
     return shown
 
 
+def explain_shown(demo: Demo, text: str, http: httpx.Client) -> list[str]:
+    """"Why was this one request slow": the demo names the request its decision log shows
+    preempted most, the sidecar's explain page of it tells that story (every preemption),
+    and the commands it prints for once it has stopped (returned, to run then)."""
+    log = [json.loads(ln) for ln in (demo.data / "decisions.jsonl").read_text().splitlines()]
+    counts: dict[str, int] = {}
+    for d in log:
+        if d["event"] == "preempt":
+            counts[d["request_id"]] = counts.get(d["request_id"], 0) + 1
+    most = max(counts.values())
+    m = re.search(r"^  explain  (\S+)   why request (\S+) was slow \(preempted (\d+) times\)",
+                  text, re.M)
+    assert m is not None, text
+    url, rid, n = m.group(1), m.group(2), int(m.group(3))
+    assert counts[rid] == n == most
+    assert url.startswith(f"{demo.base}/ui/requests/")
+    page = http.get(url[len(demo.base):])
+    assert page.status_code == 200 and "one request's story" in page.text  # drawn from:
+    story = http.get(f"/api/requests/{rid}").json()
+    assert [len(r["preemptions"]) for r in story["engine_requests"]] == [n]
+    return [ln.strip().split("   ")[0] for ln in text.splitlines()
+            if re.match(r"^ {11}\S.* explain .*--dsn ", ln)]
+
+
 IDLE_POOL = {"total_blocks": USABLE, "free_blocks": USABLE, "used_blocks": 0,
              "max_contiguous_free_blocks": USABLE, "tail_waste_tokens": 0,
              "running_requests": 0, "waiting_requests": 0}
@@ -262,6 +287,7 @@ def test_demo_every_layer_produced_data(tmp_path: Path) -> None:
         with httpx.Client(base_url=demo.base, timeout=10, trust_env=False) as http:
             m = settled_scrape(http)
             assert_layout_layer(http)
+            later = explain_shown(demo, text, http)
         assert_prometheus_layer(m, shown)
         assert_rows_acknowledged(m)
         assert_client_layer(m)
@@ -272,6 +298,11 @@ def test_demo_every_layer_produced_data(tmp_path: Path) -> None:
         demo.kill()
     assert_gone(pids)
     assert_store_rows(stored_rows(demo.data / "chdb"), shown, text)
+    assert len(later) == 2, later  # one request's story and --worst, as printed
+    for command in later:
+        done = subprocess.run(shlex.split(command), capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, (command, done.stderr)
+        assert "request" in done.stdout
 
 
 @pytest.mark.once

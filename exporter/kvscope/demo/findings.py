@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -217,14 +218,42 @@ def kvscope_command() -> str:
     return f"{shlex.quote(sys.executable)} -m kvscope"
 
 
-def next_steps(base: str, data_dir: Path, decision_log: Path) -> list[str]:
+def most_preempted(decisions: list[dict[str, Any]]) -> tuple[str, int] | None:
+    """The request the decision log shows preempted most (the first ID of a tie), and
+    how many times; None when nothing was preempted."""
+    counts = Counter(d["request_id"] for d in decisions if d.get("event") == "preempt")
+    if not counts:
+        return None
+    rid = min(counts, key=lambda r: (-counts[r], r))
+    return rid, counts[rid]
+
+
+def explain_page(base: str, rid: str) -> str:
+    """The sidecar's ``kvscope explain`` page of ``rid`` (any ID: percent-encoded)."""
+    return f"{base}/ui/requests/{quote(rid, safe='')}"
+
+
+def next_steps(base: str, data_dir: Path, decision_log: Path,
+               slowest: tuple[str, int] | None = None) -> list[str]:
+    """What to open or run next; ``slowest``: the most preempted request (``most_preempted``),
+    whose story ``kvscope explain`` tells."""
     dsn = shlex.quote(f"chdb://{data_dir / 'chdb'}")
     cmd = kvscope_command()
+    explain = []
+    if slowest is not None:
+        rid, n = slowest
+        explain = [f"explain  {explain_page(base, rid)}   why request {rid} was slow "
+                   f"(preempted {n} times), live",
+                   f"         {cmd} explain {shlex.quote(rid)} --dsn {dsn}   the same, once "
+                   "the demo has stopped",
+                   f"         {cmd} explain --worst 5 --dsn {dsn}   the requests "
+                   "that lost the most time"]
     return [
         f"pages    {base}/ui                    the KV block layout, live",
         f"         {base}/metrics               what Prometheus scrapes",
         f"         {base}/api/engines           the sidecar's summary as JSON",
         f"         {base}/health/preempt-rate   what the clients' backpressure reads",
+        *explain,
         "queries  (once the demo has stopped: chDB lets one process open a store)",
         *(f"         {cmd} query {q} --dsn {dsn}" for q in QUERIES),
         f"log      grep '\"event\":\"preempt\"' {shlex.quote(str(decision_log))}",

@@ -28,7 +28,7 @@ import httpx
 
 from kvscope import procs
 from kvscope.demo.engines import DemoError, Engine, TwinEngine, VllmEngine
-from kvscope.demo.findings import collect, findings, next_steps, settle
+from kvscope.demo.findings import collect, findings, most_preempted, next_steps, settle
 from kvscope.demo.live import LiveView
 from kvscope.demo.workload import PERSONAS, Workload, plan
 from kvscope.twin import TwinConfig
@@ -239,7 +239,8 @@ def _run(args: argparse.Namespace, cfg: TwinConfig, workdir: Path, deadline: flo
     for line in findings(ev):
         print("  " + line)
     print("\nlook next:")
-    for line in next_steps(base, workdir, workdir / "decisions.jsonl"):
+    for line in next_steps(base, workdir, workdir / "decisions.jsonl",
+                           most_preempted(ev.decisions)):
         print("  " + line)
     if deadline is not None and time.monotonic() >= deadline:
         print("\n--duration reached: stopping", flush=True)
