@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from kvscope.rows import EngineConfig, RequestTrace, epoch_ms
+from kvscope.rows import EngineConfig, RequestEvent, RequestTrace, epoch_ms
 from kvscope.store import query
 from kvscope.whatif import cli as whatif
 from kvscope.whatif.recorded import OUTCOME_KEYS, figures, has_outcomes, outcome_records
@@ -155,7 +155,8 @@ def test_whatif_says_how_many_requests_ran_across_the_windows_edges(
                      "--format", "json", "--quiet")
     assert rc == 0
     doc = json.loads(out)
-    assert doc["left_out"] == {"started_before": len(early), "not_ended": len(running)}
+    assert doc["left_out"] == {"started_before": len(early), "not_ended": len(running),
+                               "not_queued": 0}
     assert doc["settings"][0]["requests"] == len(window)
     assert (f"{len(early) + len(running)} requests of the engine are not in this replay: "
             f"{len(early)} arrived before the window and still ran in it, "
@@ -164,3 +165,31 @@ def test_whatif_says_how_many_requests_ran_across_the_windows_edges(
     whole = saved(run, "replay_traffic")
     assert {(r["left_out_started_before"], r["left_out_not_ended"]) for r in whole} == {
         (0, 0)}
+
+
+def test_whatif_says_how_many_traced_requests_it_left_out_for_want_of_a_queued_row(
+        run: Run, store_rows: Any, tmp_path: Path,  # noqa: F811
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Three requests have a trace in the window, but their ``queued`` row is not in
+    the store (lost in a gap, or they were queued before the sidecar started): their
+    arrival step is unknown, so they are not replayed, and the report counts them (JSON
+    ``left_out``, a note) as it counts the requests across the window's edges, so no one
+    takes the replay for the whole traffic."""
+    lost = sorted(t.request_id for t in run.traces)[10:13]
+    rows = [r for r in run.rows if not (isinstance(r, RequestEvent) and r.event == "queued"
+                                        and r.request_id in lost)]
+    gap = Run(store_rows(rows), run.traces, [], rows, run.dsn, "")
+    window = saved(gap, "replay_traffic")
+    assert len(window) == 77 and not {r["request_id"] for r in window} & set(lost)
+    assert {(r["left_out_started_before"], r["left_out_not_ended"],
+             r["left_out_not_queued"]) for r in window} == {(0, 0, 3)}
+    rc, out, _ = cli(capsys, "--replay", str(replay_file(tmp_path / "gap.json", window)),
+                     "--format", "json", "--quiet")
+    assert rc == 0
+    doc = json.loads(out)
+    assert doc["left_out"] == {"started_before": 0, "not_ended": 0, "not_queued": 3}
+    assert doc["settings"][0]["requests"] == 77
+    assert ("3 requests of the engine are not in this replay: 3 have a trace in it but no "
+            "queued event stored") in "\n".join(doc["notes"])
+    whole = saved(run, "replay_traffic")
+    assert {r["left_out_not_queued"] for r in whole} == {0}

@@ -27,8 +27,9 @@ table replay as they are. Recognised keys:
 - ``session`` with ``session_start`` (as ``replay_traffic`` writes them): the probe
   session, one life of the engine, each request arrived in; a file of several is refused
   with the window on either side of each restart (``kvscope.whatif.window``).
-- ``left_out_started_before`` and ``left_out_not_ended`` (``replay_traffic``'s, one count
-  on every record): requests of the engine that ran across the window's edges and are
+- ``left_out_started_before``, ``left_out_not_ended`` and ``left_out_not_queued``
+  (``replay_traffic``'s, one count on every record): requests of the engine that ran
+  across the window's edges, or were traced in it with no ``queued`` row stored, and are
   not in it; the notes count them.
 
 Prompts are synthetic token IDs of the recorded lengths, drawn from ``seed``: kvscope never
@@ -77,7 +78,7 @@ class Replay:
     records: list[dict[str, Any]]
     """The records replayed, in replay order (``requests[i]`` from ``records[i]``)."""
     left_out: dict[str, int] | None = None
-    """Requests of the engine the stored window left out at its edges
+    """Requests of the engine the stored window left out
     (``kvscope.whatif.window.left_out``); None when the file does not say."""
 
 

@@ -28,8 +28,8 @@ class Report:
     fidelity: Fidelity | None = None
     """The twin's replay under the server's settings against what the server recorded."""
     left_out: dict[str, int] | None = None
-    """Requests of the engine the replayed window left out at its edges (JSON
-    ``left_out``: ``started_before``, ``not_ended``); None when not a stored window's."""
+    """Requests of the engine the replayed window left out (JSON ``left_out``:
+    ``started_before``, ``not_ended``, ``not_queued``); None when not a stored window's."""
 
 
 def record(s: Setting, m: Measurement) -> dict[str, Any]:

@@ -12,9 +12,12 @@ the column, a store with no ``engine_configs`` row) cannot show a restart.
 
 A window is its arrivals: a request that arrived before it and still ran in it (holding
 blocks the replay does not hold), and one that arrived in it but had not ended when it
-was read (no trace yet), are not replayed. ``replay_traffic`` counts both on every
-record; ``left_out`` reads them and ``left_out_note`` says so, so no one takes the replay
-for the whole traffic.
+was read (no trace yet), are not replayed; nor is one traced in it with no ``queued`` row
+stored (the sidecar did not see it arrive: the row was lost in a gap, or it was queued
+before the sidecar heard the engine; its trace dates it from its admission, and its
+arrival step is unknown). ``replay_traffic`` counts the three on every record;
+``left_out`` reads them and ``left_out_note`` says so, so no one takes the replay for
+the whole traffic.
 """
 
 from __future__ import annotations
@@ -70,18 +73,24 @@ def restart_error(found: list[tuple[int, str]]) -> str | None:
             + "; ".join(f"{label}, {w}" for label, w in zip(labels, windows, strict=True)))
 
 
-LEFT_OUT = {"started_before": "left_out_started_before", "not_ended": "left_out_not_ended"}
+LEFT_OUT = {"started_before": "left_out_started_before", "not_ended": "left_out_not_ended",
+            "not_queued": "left_out_not_queued"}
 """``left_out``'s keys and the record keys ``replay_traffic`` counts them in."""
 
 
 def left_out(records: Sequence[dict[str, Any]], errors: list[str]) -> dict[str, int] | None:
-    """The window's left-out requests, by ``LEFT_OUT`` key; None when the records do not
-    count them (a file from before the columns, or not from ``replay_traffic``)."""
-    if not records or any(rec.get(key) is None for rec in records
-                          for key in LEFT_OUT.values()):
+    """The window's left-out requests, by ``LEFT_OUT`` key, of the keys every record
+    counts; None when the records count none (a file from before the columns, or not
+    from ``replay_traffic``). A file from before ``left_out_not_queued`` has the other
+    two: its ``left_out`` lacks that key, unknown, not 0."""
+    if not records:
+        return None
+    counted = {name: key for name, key in LEFT_OUT.items()
+               if all(rec.get(key) is not None for rec in records)}
+    if not counted:
         return None
     out: dict[str, int] = {}
-    for name, key in LEFT_OUT.items():
+    for name, key in counted.items():
         try:  # ClickHouse's JSON quotes its 64-bit counts
             seen = {int(str(rec[key])) for rec in records}
         except ValueError:
@@ -92,7 +101,7 @@ def left_out(records: Sequence[dict[str, Any]], errors: list[str]) -> dict[str, 
                           f"{', '.join(map(str, sorted(seen)))}")
             continue
         out[name] = seen.pop()
-    return out if len(out) == len(LEFT_OUT) else None
+    return out if len(out) == len(counted) else None
 
 
 def left_out_note(counts: dict[str, int] | None) -> str | None:
@@ -100,12 +109,23 @@ def left_out_note(counts: dict[str, int] | None) -> str | None:
     if not counts or not any(counts.values()):
         return None
     said = []
-    if counts["started_before"]:
+    if counts.get("started_before"):
         said.append(f"{counts['started_before']} arrived before the window and still ran in "
                     "it")
-    if counts["not_ended"]:
+    if counts.get("not_ended"):
         said.append(f"{counts['not_ended']} arrived in it and had not ended when it was read")
+    if counts.get("not_queued"):
+        said.append(f"{counts['not_queued']} have a trace in it but no queued event stored "
+                    "(the sidecar did not see them arrive: the row was lost in a gap, or they "
+                    "were queued before it heard the engine; so their arrival step is "
+                    "unknown)")
+    later = "an earlier --param since, or reading the window again once they ended, takes"
+    if not counts.get("not_queued"):
+        later = f" ({later} them in)"
+    elif counts.get("started_before") or counts.get("not_ended"):
+        later = f" ({later} in all but those with no queued event)"
+    else:  # nothing in the store gives their arrival step
+        later = ""
     return (f"{sum(counts.values())} requests of the engine are not in this replay: "
             f"{', '.join(said)}; it runs without them and the blocks they held, so it is "
-            "not the whole traffic (an earlier --param since, or reading the window again "
-            "once they ended, takes them in)")
+            f"not the whole traffic{later}")

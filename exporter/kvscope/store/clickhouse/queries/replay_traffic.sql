@@ -16,13 +16,23 @@
 -- when that session's probe attached (epoch seconds), so whatif refuses a window over a
 -- restart and names the windows on either side. A window is its arrivals: requests of
 -- the engine's life that arrived before `since` and had not ended by then, and requests
--- that arrived in it with no end stored when it is read, are not in it; every row counts
--- them (`left_out_started_before`, `left_out_not_ended`) so the replay can say so.
+-- that arrived in it with no end stored when it is read, are not in it; nor are requests
+-- traced in it with no `queued` row stored (their arrival unseen, so its step unknown:
+-- the row was lost in a gap, or the request was queued before the sidecar heard the
+-- engine, and its trace dates it from its admission). Every
+-- row counts the three (`left_out_started_before`, `left_out_not_ended`,
+-- `left_out_not_queued`) so the replay can say so.
 -- @param since = 0            earliest arrival, epoch seconds
 -- @param until = 99999999999  latest arrival, epoch seconds
 -- @param model = ''           one model ('' = all)
 -- @param engine = ''          one engine ('' = all)
 -- @param server = ''          one vLLM server ('' = all)
+SELECT request_id, engine, prompt_len, output_len, max_gen_len, priority, arrival_step,
+       admitted_step, finished_step, preempt_count, recomputed_tokens, cached_tokens,
+       min_free_blocks, finish_reason, session, session_start, left_out_started_before,
+       left_out_not_ended, left_out_not_queued
+FROM
+(
 SELECT
     t.request_id AS request_id,
     t.engine AS engine,
@@ -41,9 +51,13 @@ SELECT
     s.session AS session,
     s.attached AS session_start,
     o.started_before AS left_out_started_before,
-    o.not_ended AS left_out_not_ended
+    o.not_ended AS left_out_not_ended,
+    -- a trace with no queued row has no arrival step: not replayed, but counted
+    e.request_id != '' AS queued,
+    countIf(NOT queued) OVER () AS left_out_not_queued,
+    e.position AS position
 FROM request_traces AS t
-INNER JOIN
+LEFT JOIN
 (
     SELECT
         server,
@@ -135,4 +149,6 @@ WHERE toFloat64(t.arrival_ts) BETWEEN {since:Float64} AND {until:Float64}
                  AND ({engine:String} = '' OR engine = {engine:String})
                  AND ({server:String} = '' OR server = {server:String})) > 1,
               'the window holds requests of several engines: give --param server= and --param engine= (each server numbers its engines from 0)') = 0
-ORDER BY arrival_step, e.position, request_id
+)
+WHERE queued
+ORDER BY arrival_step, position, request_id
