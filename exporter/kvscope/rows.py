@@ -96,6 +96,10 @@ class RequestEvent:
     requester: str = ""
     """preempted: the request whose allocation failed (vLLM's ID as it is), "" when the
     probe did not say or in a row written before the column (its ``detail`` says it)."""
+    step_counter: str = ""
+    """Which sidecar count ``step`` is of (``EngineState.step_counter``): a sidecar that
+    takes up an engine mid-run (it restarted) counts its steps from 1 again under a new
+    name, so steps compare only within one name; "" in a row written before the column."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +126,8 @@ class RequestAllocations:
     tokens: list[int]
     server: str = ""
     """The engine's vLLM server (kvscope_probe.identity); "" outside an API server."""
+    step_counter: str = ""
+    """Which sidecar count ``step`` is of (``RequestEvent.step_counter``)."""
 
     def events(self) -> list[RequestEvent]:
         """The ``allocated`` events this row holds, as request_events_all reads them."""
@@ -129,7 +135,8 @@ class RequestAllocations:
         return [RequestEvent(ts=(ms0 + dt) / 1000.0, model=self.model, engine=self.engine,
                              request_id=self.request_id, event="allocated", step=step,
                              blocks=blocks, total_blocks=total, free_blocks=free,
-                             max_contiguous_free=-1, tokens=tokens, server=self.server)
+                             max_contiguous_free=-1, tokens=tokens, server=self.server,
+                             step_counter=self.step_counter)
                 for step, dt, blocks, total, free, tokens in zip(
                     self.step, self.offset_ms, self.blocks, self.total_blocks,
                     self.free_blocks, self.tokens, strict=True)]

@@ -14,9 +14,11 @@ import pytest
 
 from kvscope.rows import EngineConfig, RequestEvent, RequestTrace, epoch_ms
 from kvscope.store import query
+from kvscope.twin import WorkloadSpec
 from kvscope.whatif import cli as whatif
 from kvscope.whatif.recorded import OUTCOME_KEYS, figures, has_outcomes, outcome_records
 from tests.clickhouse.test_queries import Run, run, saved  # noqa: F401 (the fixture)
+from tests.clickhouse.twinrun import run_twin_restarting_sidecar
 from tests.twin.test_whatif import cli, parse
 
 pytestmark = [pytest.mark.clickhouse, pytest.mark.twin]
@@ -193,3 +195,29 @@ def test_whatif_says_how_many_traced_requests_it_left_out_for_want_of_a_queued_r
             "queued event stored") in "\n".join(doc["notes"])
     whole = saved(run, "replay_traffic")
     assert {r["left_out_not_queued"] for r in whole} == {0}
+
+
+def test_a_restarted_sidecar_takes_the_session_up_again_and_names_its_new_step_count(
+        store_rows: Any) -> None:
+    """What the store holds after the sidecar restarted while the engine ran on: the new
+    sidecar hears nothing it can place until the probe's next keyframe, which carries the
+    session's hello; it admits the session from it and writes the session's
+    ``engine_configs`` row again, as it was (the same session, the hello's time), so that
+    table cannot show the restart. It numbers the steps it stores from 1 again (its own
+    count), so the engine's steps go back: each count names itself on its rows."""
+    before: list[Any] = []
+    after: list[Any] = []
+    run_twin_restarting_sidecar(before.append, after.append, restart_step=300,
+                                outage_steps=5, spec=WorkloadSpec(
+                                    n_requests=80, seed=5, waves=8, wave_interval_steps=100))
+    assert ([c for c in before if isinstance(c, EngineConfig)]
+            == [c for c in after if isinstance(c, EngineConfig)])
+    client = store_rows(before + after)
+    counts = client.query("SELECT step_counter, min(step), max(step), min(ts), max(ts) "
+                          "FROM request_events_all GROUP BY step_counter ORDER BY min(ts)"
+                          ).result_rows
+    assert [c[0] for c in counts] == [
+        next(r.step_counter for r in side if isinstance(r, RequestEvent))
+        for side in (before, after)]
+    (_, _, old_last, _, old_end), (_, new_first, _, new_start, _) = counts
+    assert old_end < new_start and new_first < old_last  # later in time, earlier in steps

@@ -121,7 +121,7 @@ def test_tables_from_before_exact_request_ids_get_them_and_old_rows_read_as_befo
     from kvscope.explain import answer
 
     old = []
-    for s in schema.render_schema(database, 7):
+    for s in before_step_counters(schema.render_schema(database, 7)):  # and before 160
         if s.startswith("ALTER TABLE") and ("engine_ids" in s or "requester" in s):
             continue  # 130, 140: what this version adds
         old.append(s.replace(",  \n    requester String DEFAULT '' CODEC(ZSTD(1))", "")
@@ -172,7 +172,44 @@ def test_tables_from_before_exact_request_ids_get_them_and_old_rows_read_as_befo
         "ticket-1"]
 
 
+def before_step_counters(statements: list[str]) -> list[str]:
+    """The DDL as a kvscope from before ``step_counter`` (160) rendered it: the tables
+    without the column, the view (then 150) without it, no ALTER adding it."""
+    return [s.replace(",  \n    step_counter LowCardinality(String) DEFAULT ''", "")
+            .replace(",\n    step_counter LowCardinality(String) DEFAULT ''", "")
+            .replace(", step_counter\n", "\n")
+            for s in statements if not (s.startswith("ALTER TABLE") and "step_counter" in s)]
+
+
 def columns_of(store: Any, database: str, table: str) -> list[str]:
     return [c[0] for c in store.query(
         "SELECT name FROM system.columns WHERE database = {db:String} AND table = {t:String} "
         "ORDER BY position", parameters={"db": database, "t": table}).result_rows]
+
+
+def test_tables_from_before_step_counters_get_them_and_old_rows_read_blank(
+        store: Any, database: str) -> None:
+    """A store a kvscope from before ``step_counter`` made (request_events and
+    request_allocations without it, the view as 150 made it): applying the schema adds the
+    column to both after the others and makes the view again (170) with it; rows written
+    before read '' in it, through the view too."""
+    from datetime import datetime, timezone
+
+    for s in before_step_counters(schema.render_schema(database, 7)):
+        store.command(s)
+    assert "step_counter" not in columns_of(store, database, "request_events")
+    assert "step_counter" not in columns_of(store, database, "request_allocations")
+    at = datetime.fromtimestamp(1_800_000_000.0, tz=timezone.utc)
+    ev_cols = [c for c in columns("request_events") if c != "step_counter"]
+    store.insert(f"{database}.request_events",
+                 [[at, "m", "0", "r", "queued", 1, -1, -1, 10, -1, 0, "", "", "", ""]],
+                 column_names=ev_cols)
+    al_cols = [c for c in columns("request_allocations") if c != "step_counter"]
+    store.insert(f"{database}.request_allocations",
+                 [[at, "m", "0", "r", [2], [5], [1], [1], [9], [16], ""]],
+                 column_names=al_cols)
+    schema.apply_schema(store, database, 7)
+    for table in ("request_events", "request_allocations"):
+        assert columns_of(store, database, table) == columns(table)
+    assert store.query(f"SELECT event, step, step_counter FROM {database}.request_events_all "
+                       "ORDER BY step").result_rows == [("queued", 1, ""), ("allocated", 2, "")]

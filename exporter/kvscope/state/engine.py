@@ -2,11 +2,18 @@
 
 Counters only grow while the engine's probe session lives; a new session (the engine
 restarted) starts a fresh EngineState. Gauges describe the latest step.
+
+A fresh EngineState also comes for a session the sidecar takes up while the engine runs
+(the sidecar restarted: it admits the session from the probe's next keyframe), or hears
+again after forgetting it: its step count (``Counters.steps``) starts from 1 again with the
+engine mid-run. Each state names its count (``step_counter``), and the rows that carry a
+step carry that name, so a reader of the store knows where an engine's steps restart.
 """
 
 from __future__ import annotations
 
 import math
+import secrets
 import time
 from collections import deque
 from collections.abc import Callable
@@ -111,6 +118,10 @@ class EngineState:
         self.ledger = Ledger(hello.num_blocks, [g.block_size for g in hello.kv_groups],
                              [g.kind for g in hello.kv_groups])
         self.counters = Counters()
+        self.step_counter = secrets.token_hex(8)
+        """This state's step count, named: ``counters.steps`` counts from 1 at the first
+        step this state ingested, which is the engine's first only when the sidecar heard
+        the session from its hello."""
         self.audit = audit.AuditCounts()
         """The ledger compared with vLLM's own pool (``kvscope.state.audit``)."""
         self.extremes = Extremes()

@@ -40,8 +40,10 @@ class _Run:
 class Allocations:
     """One engine's open allocation runs, by request ID."""
 
-    def __init__(self, model: str, engine: str, server: str) -> None:
+    def __init__(self, model: str, engine: str, server: str, step_counter: str = "") -> None:
         self.model, self.engine, self.server = model, engine, server
+        self.step_counter = step_counter
+        """The engine state's step count the rows' steps are of (``EngineState``)."""
         self.runs: dict[str, _Run] = {}
         self.last_flush_ts: float | None = None
         self._ts, self._ms = float("nan"), 0  # the step's time, in store milliseconds...
@@ -85,4 +87,4 @@ class Allocations:
             ts=run.ts, model=self.model, engine=self.engine, request_id=rid,
             step=items[0::6], offset_ms=items[1::6], blocks=items[2::6],
             total_blocks=items[3::6], free_blocks=items[4::6], tokens=items[5::6],
-            server=self.server)
+            server=self.server, step_counter=self.step_counter)

@@ -90,7 +90,8 @@ class RequestTracker:
     def _allocs(self, st: EngineState) -> Allocations:
         a = self.allocations.get(st.key)
         if a is None:
-            a = self.allocations[st.key] = Allocations(st.hello.model, st.engine, st.server)
+            a = self.allocations[st.key] = Allocations(st.hello.model, st.engine, st.server,
+                                                       st.step_counter)
         return a
 
     def _flush_allocations(self, st: EngineState, rid: str) -> None:
@@ -119,7 +120,7 @@ class RequestTracker:
             ts=ts, model=st.hello.model, engine=st.engine, server=st.server, request_id=rid,
             event=event, step=st.counters.steps, blocks=blocks, total_blocks=total_blocks,
             free_blocks=free_blocks, max_contiguous_free=max_contiguous_free, tokens=tokens,
-            reason=reason, detail=detail, requester=requester))
+            reason=reason, detail=detail, requester=requester, step_counter=st.step_counter))
 
     def _decision(self, st: EngineState, ts: float, decision: str, rid: str, msg: str,
                   **kw: Any) -> None:

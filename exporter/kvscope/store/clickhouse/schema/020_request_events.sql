@@ -19,7 +19,8 @@ CREATE TABLE IF NOT EXISTS {database}.request_events
     reason              LowCardinality(String),
     detail              String CODEC(ZSTD(1)),
     server LowCardinality(String) DEFAULT '',  -- vLLM server of the engine (070)
-    requester String DEFAULT '' CODEC(ZSTD(1))  -- preempted: who needed the blocks (140)
+    requester String DEFAULT '' CODEC(ZSTD(1)),  -- preempted: who needed the blocks (140)
+    step_counter LowCardinality(String) DEFAULT ''  -- the sidecar count of step (160)
 )
 ENGINE = MergeTree
 PARTITION BY toDate(ts)

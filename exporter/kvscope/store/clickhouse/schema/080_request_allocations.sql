@@ -7,7 +7,7 @@
 -- (kvscope.state.request_allocations.FLUSH_EVERY_S: as long as the store gathers rows).
 -- Element i of each array is one allocation: the engine step, its time as milliseconds
 -- after ts, the blocks added, the blocks held after it, the pool's free blocks and the
--- request's computed tokens then. request_events_all (150) reads them back as one
+-- request's computed tokens then. request_events_all (170) reads them back as one
 -- request_events row each, exactly as they were written before.
 -- Placeholders: {database}, {ttl_days}, {dedup_window}.
 -- kvscope:sharding_key cityHash64(request_id)
@@ -23,7 +23,8 @@ CREATE TABLE IF NOT EXISTS {database}.request_allocations
     total_blocks Array(Int32) CODEC(ZSTD(1)),
     free_blocks  Array(Int32) CODEC(ZSTD(1)),
     tokens       Array(Int64) CODEC(ZSTD(1)),
-    server       LowCardinality(String)
+    server       LowCardinality(String),
+    step_counter LowCardinality(String) DEFAULT ''  -- the sidecar count of step (160)
 )
 ENGINE = MergeTree
 PARTITION BY toDate(ts)
