@@ -63,10 +63,12 @@ def test_one_engine_name_on_two_servers_is_refused_not_mixed(
     assert saved(two, "replay_traffic", server="a") == saved(run, "replay_traffic")
 
 
-def next_life(rows: list[Any], shift: float, session: str) -> list[Any]:
+def next_life(rows: list[Any], shift: float, session: str | None) -> list[Any]:
     """``rows`` again as the same engine's next life, ``shift`` seconds later: a new probe
-    session (its hello, its ``engine_configs`` row), steps counted from 1 again, new
-    request IDs. What the store holds after the engine restarted."""
+    session (its hello, its ``engine_configs`` row), steps counted from 1 again by a new
+    sidecar count, new request IDs. What the store holds after the engine restarted. With
+    no ``session``, the sidecar's next count of the same session, as after the sidecar
+    restarted (it writes the session's ``engine_configs`` row again as it was)."""
     from dataclasses import replace
 
     out = []
@@ -76,8 +78,10 @@ def next_life(rows: list[Any], shift: float, session: str) -> list[Any]:
             changes["arrival_ts"] = r.arrival_ts + shift
         if getattr(r, "request_id", ""):
             changes["request_id"] = "after-" + r.request_id
-        if isinstance(r, EngineConfig):
-            changes["session"] = session
+        if hasattr(r, "step_counter"):
+            changes["step_counter"] = f"{session or 'same'}-steps"
+        if isinstance(r, EngineConfig):  # the sidecar's is the hello's, as it was
+            changes = {"ts": r.ts + shift, "session": session} if session else {}
         out.append(replace(r, **changes))
     return out
 
@@ -221,3 +225,111 @@ def test_a_restarted_sidecar_takes_the_session_up_again_and_names_its_new_step_c
         for side in (before, after)]
     (_, _, old_last, _, old_end), (_, new_first, _, new_start, _) = counts
     assert old_end < new_start and new_first < old_last  # later in time, earlier in steps
+
+
+def test_a_window_over_a_sidecar_restart_is_refused_and_each_side_replays_its_own_steps(
+        store_rows: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The sidecar restarted while the engine ran on (one probe session): the new one
+    takes the session up from the probe's next keyframe, writes the session's
+    ``engine_configs`` row again as it was, and numbers the steps it stores from 1 again.
+    A window over both counts replayed one engine's steps going backwards, silently; whatif
+    refuses it as it refuses one over an engine restart (exit 2, the restart named, the
+    window on either side), and each side replays the records of its own count alone:
+    a request the old sidecar queued and the new one traced (its steps from two counts,
+    its trace dated from its admission) is left out and counted."""
+    before: list[Any] = []
+    after: list[Any] = []
+    run_twin_restarting_sidecar(before.append, after.append, restart_step=300,
+                                outage_steps=5, spec=WorkloadSpec(
+                                    n_requests=80, seed=5, waves=8, wave_interval_steps=100))
+    (config,) = {(c.session, c.ts) for c in before + after if isinstance(c, EngineConfig)}
+    queued_before = {r.request_id for r in before
+                     if isinstance(r, RequestEvent) and r.event == "queued"}
+    straddling = [t for t in after
+                  if isinstance(t, RequestTrace) and t.request_id in queued_before]
+    assert straddling and [t for t in before if isinstance(t, RequestTrace)]
+    rows = before + after
+    store = Run(store_rows(rows), [], [], rows, "", "")
+    both = saved(store, "replay_traffic")
+    rc, out, err = cli(capsys, "--replay", str(replay_file(tmp_path / "both.json", both)))
+    assert rc == 2 and out == ""
+    restart = min(epoch_ms(r.ts) for r in after if isinstance(r, RequestEvent))
+    stamp = datetime.fromtimestamp(restart / 1000, timezone.utc).strftime(
+        "%Y-%m-%d %H:%M:%S.%f")[:-3]
+    assert (f"kvscope's sidecar restarted at {stamp} UTC (epoch {restart / 1000:.3f}, probe "
+            f"session {config[0]}, the engine running on)") in err
+    until, since = f"{(restart - 1) / 1000:.3f}", f"{restart / 1000:.3f}"
+    assert f"before it, --param until={until}; after it, --param since={since}" in err
+    old, new = saved(store, "replay_traffic", until=until), saved(store,
+                                                                  "replay_traffic", since=since)
+    for side, rows_of_side in ((old, before), (new, after)):
+        made = outcome_records(rows_of_side)  # the records of one sidecar's rows alone
+        assert [{k: r[k] for k in made[0]} for r in side] == made
+        work, errors = whatif.plan(parse("--replay", str(replay_file(tmp_path / "side.json",
+                                                                     side))))
+        assert errors == [] and work is not None and len(work.requests) == len(made)
+    # the requests the old sidecar queued and did not trace: the old side's replay lacks
+    # them all (their end, if any, is the new count's), the new side's those it did not
+    # trace either (still running when it took over, as far as the store says) and those
+    # it traced from their admission, with no queued row of its own
+    traced = {t.request_id for t in before + after if isinstance(t, RequestTrace)}
+    untraced_old = queued_before - {t.request_id for t in before if isinstance(t, RequestTrace)}
+    assert {(r["left_out_started_before"], r["left_out_not_ended"], r["left_out_not_queued"])
+            for r in old} == {(0, len(untraced_old), 0)}
+    assert {(r["left_out_started_before"], r["left_out_not_ended"], r["left_out_not_queued"])
+            for r in new} == {(len(queued_before - traced), 0, len(straddling))}
+
+
+def test_a_store_from_before_step_counters_replays_as_before_and_its_upgrade_is_a_restart(
+        run: Run, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,  # noqa: F811
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A store an older kvscope wrote: request_events and request_allocations without
+    ``step_counter``, the view without it. The schema of this version adds the column
+    (160) and the view again (170); the rows written before read '' and replay exactly as
+    they did, one count. The upgrade restarted the sidecar: the rows it writes next are of
+    a named count, so a window over both is refused as one over a sidecar restart."""
+    from kvscope.rows import columns
+    from kvscope.store import schema
+    from tests.clickhouse.conftest import clickhouse_connect, database_name, open_sink
+    from tests.clickhouse.test_schema import before_step_counters, columns_of
+
+    db = database_name("replay_traffic: a store from before step_counter")
+    admin = clickhouse_connect.get_client(dsn=run.dsn)
+    admin.command(f"DROP DATABASE IF EXISTS {db}")
+    admin.command(f"CREATE DATABASE {db}")
+    for stmt in before_step_counters(schema.render_schema(db, 7)):
+        admin.command(stmt)
+    for table in ("request_traces", "request_events", "request_allocations", "engine_configs"):
+        cols = ", ".join(c for c in columns(table) if c != "step_counter")
+        admin.command(f"INSERT INTO {db}.{table} ({cols}) SELECT {cols} "
+                      f"FROM {run.database}.{table}")
+    assert "step_counter" not in columns_of(admin, db, "request_events")
+    schema.apply_schema(admin, db, 7)
+    for table in ("request_events", "request_allocations"):
+        assert columns_of(admin, db, table) == columns(table)
+    old = Run(clickhouse_connect.get_client(dsn=run.dsn, database=db), [], [], [], run.dsn,
+              db)
+    try:
+        assert saved(old, "replay_traffic") == [
+            r | {"step_counter": "", "step_counter_start": 0.0}
+            for r in saved(run, "replay_traffic")]
+        shift = max(r.ts for r in run.rows) - min(r.ts for r in run.rows) + 60.0
+        upgraded = next_life(run.rows, shift, None)
+        sink, manager = open_sink(run.dsn, db, tmp_path_factory)
+        for r in upgraded:
+            manager.emit(r)
+        assert sink.flush(60)
+        manager.close()
+        both = saved(old, "replay_traffic")
+        assert len(both) == 160
+        rc, out, err = cli(capsys, "--replay", str(replay_file(tmp_path / "both.json", both)))
+        restart = min(epoch_ms(r.ts) for r in upgraded if isinstance(r, RequestEvent))
+        assert rc == 2 and "kvscope's sidecar restarted at " in err
+        assert f"(epoch {restart / 1000:.3f}, probe session " in err
+        after = saved(old, "replay_traffic", since=f"{restart / 1000:.3f}")
+        assert [r["request_id"] for r in after] == [
+            "after-" + r["request_id"] for r in saved(run, "replay_traffic")]
+    finally:
+        old.client.close()
+        admin.command(f"DROP DATABASE IF EXISTS {db}")
+        admin.close()

@@ -24,9 +24,11 @@ table replay as they are. Recognised keys:
   a recorded run: ``--baseline`` checks the twin against it (``kvscope.whatif.recorded``).
   Records of one step replay in file order, which ``replay_traffic`` makes vLLM's queue
   order; ``engine`` (optional) must be one value per file.
-- ``session`` with ``session_start`` (as ``replay_traffic`` writes them): the probe
-  session, one life of the engine, each request arrived in; a file of several is refused
-  with the window on either side of each restart (``kvscope.whatif.window``).
+- ``session`` with ``session_start``, and ``step_counter`` with ``step_counter_start`` (as
+  ``replay_traffic`` writes them): the probe session (one life of the engine) and the
+  sidecar's count of its steps (they count from 1 again after a sidecar restart) each
+  request arrived in; a file of several is refused with the window on either side of each
+  restart (``kvscope.whatif.window``).
 - ``left_out_started_before``, ``left_out_not_ended`` and ``left_out_not_queued``
   (``replay_traffic``'s, one count on every record): requests of the engine that ran
   across the window's edges, or were traced in it with no ``queued`` row stored, and are

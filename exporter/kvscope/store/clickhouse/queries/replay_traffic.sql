@@ -13,15 +13,22 @@
 -- restarts counts steps from 1 again, under a new probe session and maybe other settings:
 -- `session` is the one the request arrived in (the latest `engine_configs` session
 -- attached at or before its arrival; '' when that table has none) and `session_start`
--- when that session's probe attached (epoch seconds), so whatif refuses a window over a
--- restart and names the windows on either side. A window is its arrivals: requests of
--- the engine's life that arrived before `since` and had not ended by then, and requests
--- that arrived in it with no end stored when it is read, are not in it; nor are requests
--- traced in it with no `queued` row stored (their arrival unseen, so its step unknown:
--- the row was lost in a gap, or the request was queued before the sidecar heard the
--- engine, and its trace dates it from its admission). Every
--- row counts the three (`left_out_started_before`, `left_out_not_ended`,
--- `left_out_not_queued`) so the replay can say so.
+-- when that session's probe attached (epoch seconds). The sidecar numbers the steps
+-- itself, so they also count from 1 again when the sidecar restarts while the engine runs
+-- on (it takes the same session up again, and writes its `engine_configs` row as it was):
+-- `step_counter` names the sidecar count the request arrived in (the latest count of the
+-- engine begun at or before its arrival, as `request_events.step_counter` names them; ''
+-- for rows written before that column) and `step_counter_start` when that count's first
+-- row is dated (epoch seconds; 0 for ''). whatif refuses a window over either restart and
+-- names the windows on either side. A window is its arrivals: requests of the engine's
+-- life that arrived before `since` and had not ended by then, and requests that arrived
+-- in it with no end stored when it is read (or one stored only by a later sidecar count),
+-- are not in it; nor are requests traced in it with no `queued` row stored in the count
+-- they arrived in (their arrival unseen, so its step unknown: the row was lost in a gap,
+-- or the request was queued before the sidecar heard the engine or before it restarted,
+-- and its trace dates it from its admission). Every row counts the three
+-- (`left_out_started_before`, `left_out_not_ended`, `left_out_not_queued`) so the replay
+-- can say so.
 -- @param since = 0            earliest arrival, epoch seconds
 -- @param until = 99999999999  latest arrival, epoch seconds
 -- @param model = ''           one model ('' = all)
@@ -29,8 +36,8 @@
 -- @param server = ''          one vLLM server ('' = all)
 SELECT request_id, engine, prompt_len, output_len, max_gen_len, priority, arrival_step,
        admitted_step, finished_step, preempt_count, recomputed_tokens, cached_tokens,
-       min_free_blocks, finish_reason, session, session_start, left_out_started_before,
-       left_out_not_ended, left_out_not_queued
+       min_free_blocks, finish_reason, session, session_start, step_counter,
+       step_counter_start, left_out_started_before, left_out_not_ended, left_out_not_queued
 FROM
 (
 SELECT
@@ -50,10 +57,13 @@ SELECT
     t.finish_reason AS finish_reason,
     s.session AS session,
     s.attached AS session_start,
+    c.step_counter AS step_counter,
+    c.counted_from AS step_counter_start,
     o.started_before AS left_out_started_before,
     o.not_ended AS left_out_not_ended,
-    -- a trace with no queued row has no arrival step: not replayed, but counted
-    e.request_id != '' AS queued,
+    -- a trace with no queued row in the count it arrived in has no arrival step in it:
+    -- not replayed, but counted
+    e.request_id != '' AND e.step_counter = c.step_counter AS queued,
     countIf(NOT queued) OVER () AS left_out_not_queued,
     e.position AS position
 FROM request_traces AS t
@@ -64,6 +74,7 @@ LEFT JOIN
         engine,
         request_id,
         minIf(step, event = 'queued') AS queued_step,
+        anyIf(step_counter, event = 'queued') AS step_counter,
         minIf(toInt64OrZero(extract(detail, 'position=([0-9]+)')), event = 'queued') AS position,
         minIf(toInt64OrZero(extract(detail, 'priority=(-?[0-9]+)')), event = 'queued') AS priority,
         minOrNullIf(step, event = 'admitted') AS admitted_step,
@@ -85,25 +96,43 @@ ASOF LEFT JOIN
       AND ({server:String} = '' OR server = {server:String})
     GROUP BY server, engine, session
 ) AS s ON s.server = t.server AND s.engine = t.engine AND s.attached <= toFloat64(t.arrival_ts)
+ASOF LEFT JOIN
+(
+    -- a count began with its first row: a queued row is dated by the request's arrival,
+    -- so every request a count queued arrived at or after it began, and every trace of a
+    -- request it did not see arrive is dated by an admission it stored
+    SELECT server, engine, step_counter, toFloat64(min(ts)) AS counted_from
+    FROM request_events
+    WHERE step_counter != ''
+      AND ({engine:String} = '' OR engine = {engine:String})
+      AND ({server:String} = '' OR server = {server:String})
+    GROUP BY server, engine, step_counter
+) AS c ON c.server = t.server AND c.engine = t.engine
+      AND c.counted_from <= toFloat64(t.arrival_ts)
 LEFT JOIN
 (
-    -- a request's arrival is its trace's; one with no trace yet (not ended) arrived when
-    -- it was queued. Requests of an earlier life never end: the life at `since` began
-    -- when its session attached (0: no engine_configs row)
+    -- a request's arrival is its queued row's (its trace's too, when the sidecar that
+    -- queued it traced it). Requests of an earlier life never end: the life at `since`
+    -- began when its session attached (0: no engine_configs row). One whose trace is in
+    -- the window is the window's (replayed, or counted as not queued)
     SELECT
         q.server AS server,
         q.engine AS engine,
         countIf(q.arrived < {since:Float64} AND q.arrived >= ifNull(l.life_start, 0)
-                AND NOT (q.ended AND q.end_s < {since:Float64})) AS started_before,
-        countIf(q.arrived BETWEEN {since:Float64} AND {until:Float64} AND NOT q.ended) AS not_ended
+                AND NOT (q.ended AND q.end_s < {since:Float64}) AND NOT q.traced_in)
+            AS started_before,
+        countIf(q.arrived BETWEEN {since:Float64} AND {until:Float64} AND NOT q.traced_in)
+            AS not_ended
     FROM
     (
         SELECT
             qe.server AS server,
             qe.engine AS engine,
+            qe.queued AS arrived,
             tr.request_id != '' AS ended,
-            if(ended, toFloat64(tr.arrival_ts), qe.queued) AS arrived,
-            toFloat64(tr.ts) AS end_s
+            toFloat64(tr.ts) AS end_s,
+            ended AND toFloat64(tr.arrival_ts) BETWEEN {since:Float64} AND {until:Float64}
+                AS traced_in
         FROM
         (
             SELECT server, engine, request_id, toFloat64(min(ts)) AS queued
