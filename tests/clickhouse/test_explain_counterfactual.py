@@ -136,6 +136,26 @@ def test_the_window_is_the_requests_own_life_when_the_engine_restarted_in_it(
     assert after == alone
 
 
+def test_the_window_is_the_requests_own_sidecar_count_when_the_sidecar_restarted_in_it(
+        run: Run, store_rows: Any) -> None:  # noqa: F811
+    """The sidecar restarted a minute after the run (the engine ran on: one probe session)
+    and the run's traffic came again: the new sidecar numbered its steps from 1 again. The
+    window is the request's own count, exactly the answer of a store of that count alone,
+    not both counts' steps as one series (or a refusal of the window)."""
+    from tests.clickhouse.test_replay_traffic import next_life
+
+    shift = max(r.ts for r in run.rows) - min(r.ts for r in run.rows) + 60.0
+    client = store_rows([*run.rows, *next_life(run.rows, shift, None)])
+    t = worst(run.traces)
+    alone = counterfactual(run.client, "0", "", t.request_id, queued_ts=t.arrival_ts,
+                           end_ts=t.ts, baseline="blocks:48", window_s=3600)
+    after = counterfactual(client, "0", "", "after-" + t.request_id,
+                           queued_ts=t.arrival_ts + shift, end_ts=t.ts + shift,
+                           baseline="blocks:48", window_s=3600)
+    assert alone["window"] == 80 and "errors" not in alone
+    assert after == alone
+
+
 @pytest.fixture(scope="module")
 def smallest(chdb_dsn: str, twin_runner: Any, tmp_path_factory: pytest.TempPathFactory,
              request: pytest.FixtureRequest) -> Iterator[tuple[str, str, list[RequestTrace]]]:

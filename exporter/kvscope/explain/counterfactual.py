@@ -7,8 +7,9 @@ The window is every request of the same engine that arrived from ``window_s`` be
 one up to its end (saved query ``replay_traffic``), steps counted from the window's first
 arrival. Requests already running when the window opens are not in it: a short window can
 fail the gate for that reason, which the gate then says. Nor are requests of another life
-of the engine (another probe session: it restarted within the window), whose steps count
-from 1 again.
+of the engine (another probe session: it restarted within the window), or of another
+count of its steps by the sidecar (the sidecar restarted within the window), whose steps
+count from 1 again.
 
 The server's settings are given by hand (``kvscope whatif --baseline``'s syntax) or, with
 ``ENGINE``, read from the store: the hello of the engine's probe session
@@ -34,14 +35,17 @@ def window_records(client: Any, engine: str, server: str, since: float,
                    until: float, rid: str | None = None) -> list[dict[str, Any]]:
     """replay_traffic rows of the window, steps shifted to start at 0; with ``rid``, of
     that request's engine life only (its probe session: the steps of a life before or
-    after a restart count from 1 again, under maybe other settings)."""
+    after a restart count from 1 again, under maybe other settings) and of the sidecar
+    count it arrived in (``step_counter``: a sidecar restarted while the engine ran on
+    counts the steps it stores from 1 again too)."""
     cols, rows = run_saved(client, SavedQuery.load("replay_traffic"),
                            {"since": str(since), "until": str(until), "engine": engine,
                             "server": server})
     recs = [dict(zip(cols, r, strict=True)) for r in rows]
-    life = next((r["session"] for r in recs if r["request_id"] == rid), None)
+    life = next(((r["session"], r["step_counter"]) for r in recs if r["request_id"] == rid),
+                None)
     if life is not None:
-        recs = [r for r in recs if r["session"] == life]
+        recs = [r for r in recs if (r["session"], r["step_counter"]) == life]
     origin = min((r["arrival_step"] for r in recs), default=0)
     for r in recs:
         for k in STEP_KEYS:
