@@ -181,6 +181,29 @@ def test_whatif_reports_its_error_against_the_server(
     print("fidelity", json.dumps(fid))
 
 
+def test_a_window_over_the_packages_sidecar_restart_is_refused(
+        engine_stack: EngineStack, recorded: dict[str, Any],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``test_sidecar_restart`` (before this module) stopped the package's sidecar and
+    started a new one while vLLM ran on: one probe session, whose steps the new sidecar
+    numbered from 1 again. The store names the two counts, whatif refuses the whole
+    store's window across the sidecar's restart (exit 2), and each load recorded here is
+    one count of the one session."""
+    whole = export(engine_stack, 0, 99999999999, recorded["dir"] / "whole.json")
+    lives = {(r["session"], r["step_counter"]) for r in whole}
+    if len(lives) < 2:
+        pytest.skip("the package's sidecar did not restart before this module")
+    assert len({session for session, _ in lives}) == 1
+    parser = argparse.ArgumentParser(prog="kvscope")
+    whatif.add_parser(parser.add_subparsers(dest="command"))
+    rc = whatif.run(parser.parse_args(["whatif", "--quiet", "--replay",
+                                       str(recorded["dir"] / "whole.json")]))
+    err = capsys.readouterr().err
+    assert rc == 2 and "kvscope's sidecar restarted at " in err, err
+    for load_ in ("mixed", "short"):
+        assert len({(r["session"], r["step_counter"]) for r in recorded[load_]}) == 1
+
+
 def test_the_servers_settings_are_rebuilt_from_its_hello_alone(
         engine_stack: EngineStack, recorded: dict[str, Any],
         capsys: pytest.CaptureFixture[str]) -> None:
