@@ -23,7 +23,8 @@ class RequestTrace:
     request_id: str
     prompt_len: int
     max_gen_len: int
-    """max_tokens as the engine received it."""
+    """max_tokens as the engine received it (-1 unknown: the sidecar did not see the
+    request arrive, having taken the engine up after it was queued)."""
     output_len: int
     required_blocks: int
     """cdiv(prompt + output, block_size) summed over every KV cache group: its blocks at the
@@ -49,11 +50,14 @@ class RequestTrace:
     at most 0.1 s apart, as scanning the pool on every admitting step would cost more
     than the rest of the step (-1 unknown)."""
     arrival_ts: float
+    """When the engine received it; the first admission's time when the sidecar did not
+    see it arrive (the latest it can have arrived): then the three times below are -1."""
     queue_seconds: float
-    """Arrival to first admission (-1 never admitted)."""
+    """Arrival to first admission (-1 never admitted, or the arrival not seen)."""
     first_token_seconds: float
-    """Arrival to the step that finished its prefill (-1 never)."""
+    """Arrival to the step that finished its prefill (-1 never, or the arrival not seen)."""
     e2e_seconds: float
+    """Arrival to its end (-1 the arrival not seen)."""
     finish_reason: str
     """vLLM status: FINISHED_STOPPED, FINISHED_LENGTH_CAPPED, FINISHED_ABORTED, ..."""
     client_id: str = ""

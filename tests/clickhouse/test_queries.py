@@ -309,3 +309,20 @@ def test_engine_settings_lists_each_session_once_from_its_attach(
         ("s-later", 99), (config.session, config.num_blocks)]
     assert ms(epoch(got[1]["attached"]) + got[1]["attached"].microsecond / 1e6) == ms(
         config.ts)
+
+
+def test_preemption_cost_averages_only_the_times_it_knows(store_rows: Any) -> None:
+    """A trace whose arrival the sidecar did not see (it took the engine up mid-run) holds
+    e2e_seconds -1: averaged in, it pulled the preempted requests' mean below their real
+    times (here to 1.33 from 2.5)."""
+    from tests.clickhouse.rowsource import trace
+
+    rows = [replace(trace(1), e2e_seconds=2.0), replace(trace(4), e2e_seconds=3.0),
+            replace(trace(7), e2e_seconds=-1.0, queue_seconds=-1.0, max_gen_len=-1),
+            replace(trace(3), e2e_seconds=1.5)]
+    assert [t.preempt_count > 0 for t in rows] == [True, True, True, False]
+    client = store_rows(rows)
+    cols, got = query.run_saved(client, query.SavedQuery.load("preemption_cost"), {})
+    (g,) = [dict(zip(cols, r, strict=True)) for r in got]
+    assert (g["avg_e2e_seconds_preempted"], g["avg_e2e_seconds_not_preempted"]) == (2.5, 1.5)
+    assert g["requests"] == 4 and g["preempted_requests"] == 3

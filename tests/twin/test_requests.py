@@ -302,3 +302,35 @@ def test_blocks_a_sliding_window_gave_back_leave_the_requests_stored_holding() -
             at += 1
         assert {r: held[r] for r in truth[step]} == truth[step], step
     assert drops > 0
+
+
+def test_a_sidecar_that_did_not_see_a_request_arrive_claims_no_time_from_its_arrival() -> None:
+    """A sidecar restarted while the engine ran on admits requests the old one queued. Its
+    tracker dated them from their admission: their traces said 0 s queued, and first
+    token and end to end times from the admission, with max_gen_len 0, as if measured.
+    Those figures are unknown (-1), the arrival time is the admission's (the latest the
+    request can have arrived, so the client join still finds its API request), and
+    requests it saw arrive keep their measured times, equal to their events'."""
+    from tests.clickhouse.twinrun import run_twin_restarting_sidecar
+
+    before: list[Any] = []
+    after: list[Any] = []
+    run_twin_restarting_sidecar(before.append, after.append, restart_step=300,
+                                outage_steps=5, spec=WorkloadSpec(
+                                    n_requests=80, seed=5, waves=8, wave_interval_steps=100))
+    seen = {e.request_id: e.ts for e in after
+            if isinstance(e, RequestEvent) and e.event == "queued"}
+    admitted = {e.request_id: e.ts for e in after
+                if isinstance(e, RequestEvent) and e.event == "admitted"}
+    traces = [t for t in after if isinstance(t, RequestTrace)]
+    unseen = [t for t in traces if t.request_id not in seen]
+    assert unseen and len(unseen) < len(traces)
+    for t in unseen:
+        assert (t.queue_seconds, t.first_token_seconds, t.e2e_seconds, t.max_gen_len) == (
+            -1.0, -1.0, -1.0, -1), t
+        assert t.arrival_ts == admitted[t.request_id]
+    for t in traces:
+        if t.request_id in seen:
+            assert t.arrival_ts == seen[t.request_id] and t.max_gen_len > 0
+            assert t.queue_seconds == pytest.approx(admitted[t.request_id] - t.arrival_ts)
+            assert t.e2e_seconds == pytest.approx(t.ts - t.arrival_ts) and t.e2e_seconds > 0

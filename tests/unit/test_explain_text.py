@@ -165,3 +165,12 @@ def test_the_trace_line_says_its_blocks_count_every_group_whole() -> None:
     assert line == ("  prompt 900 tokens, output 60 of 64, 60 blocks at its full length in "
                     "all its KV cache groups (24 held at most), FINISHED_LENGTH_CAPPED, "
                     "client -")
+
+
+def test_the_trace_line_of_a_request_whose_arrival_was_not_seen() -> None:
+    """A sidecar that took the engine up mid-run stores -1 for the max_tokens it never
+    heard: said as unknown, never as "of -1"."""
+    line = render_text._trace_line({"prompt_len": 47, "output_len": 12, "max_gen_len": -1,
+                                    "required_blocks": 4, "allocated_blocks": 4,
+                                    "finish_reason": "FINISHED_STOPPED", "client_id": ""})
+    assert line.startswith("  prompt 47 tokens, output 12 of ? (its arrival was not seen), ")

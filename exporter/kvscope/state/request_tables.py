@@ -29,6 +29,10 @@ class Live:
     last_reason: str = ""
     lost_tokens: int = 0
     recomputed: int = 0
+    arrival_seen: bool = True
+    """False when the tracker first heard of the request at its admission (a sidecar that
+    took the engine up mid-run): ``arrival_ts`` is then the admission's time, and nothing
+    is measured from it."""
 
 
 def set_table(live: Live, groups: list[list[int]]) -> None:

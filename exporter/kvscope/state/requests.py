@@ -150,7 +150,8 @@ class RequestTracker:
         # would cost the sidecar more than the rest of the step at 128k blocks.
         maxrun = st.sampled_max_contiguous_free() if (s.new_reqs and led.synced) else -1
         for r in s.new_reqs:
-            live = reqs.get(r.req_id) or reqs.setdefault(r.req_id, Live(s.ts))
+            live = reqs.get(r.req_id) or reqs.setdefault(r.req_id,
+                                                          Live(s.ts, arrival_seen=False))
             first = live.admitted_ts < 0
             if first:
                 live.admitted_ts, live.free_at_alloc, live.maxrun_at_alloc = s.ts, free, maxrun
@@ -325,9 +326,11 @@ class RequestTracker:
             return
         groups = st.hello.kv_groups
         arrival = live.arrival_ts
+        seen = live.arrival_seen  # else every time from the arrival is unknown (-1)
         self.emit(RequestTrace(
             ts=e.ts, model=st.hello.model, engine=st.engine, server=st.server, request_id=e.req_id,
-            prompt_len=e.prompt_len, max_gen_len=live.max_tokens, output_len=e.output_len,
+            prompt_len=e.prompt_len, max_gen_len=live.max_tokens if seen else -1,
+            output_len=e.output_len,
             required_blocks=sum(wire.cdiv(e.prompt_len + e.output_len, g.block_size)
                                 for g in groups),
             allocated_blocks=live.peak_blocks,
@@ -339,10 +342,11 @@ class RequestTracker:
             free_blocks_at_alloc=live.free_at_alloc,
             max_contiguous_free_blocks_at_alloc=live.maxrun_at_alloc,
             arrival_ts=arrival,
-            queue_seconds=live.admitted_ts - arrival if live.admitted_ts >= 0 else -1.0,
+            queue_seconds=(live.admitted_ts - arrival
+                           if live.admitted_ts >= 0 and seen else -1.0),
             first_token_seconds=(live.first_token_ts - arrival
-                                 if live.first_token_ts >= 0 else -1.0),
-            e2e_seconds=e.ts - arrival, finish_reason=e.status))
+                                 if live.first_token_ts >= 0 and seen else -1.0),
+            e2e_seconds=e.ts - arrival if seen else -1.0, finish_reason=e.status))
 
     # -- admission and rollups ---------------------------------------------------------
 

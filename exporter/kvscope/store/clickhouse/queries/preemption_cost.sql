@@ -2,7 +2,8 @@
 -- days: requests, preempted requests, preemptions, tokens computed a second time after a
 -- resume (recomputed_tokens: discarded tokens minus prefix-cache hits on resume), their
 -- share of all prompt + output tokens, the average and largest per preempted request,
--- and the mean end-to-end seconds of preempted vs never-preempted requests.
+-- and the mean end-to-end seconds of preempted vs never-preempted requests (of those whose
+-- arrival the sidecar saw: -1 otherwise, see request_traces).
 -- @param days = 7      window, in days back from now
 -- @param model = ''    one model ('' = all)
 -- @param engine = ''   one engine ('' = all)
@@ -19,8 +20,10 @@ SELECT
     round(total_recomputed_tokens / nullIf(total_tokens, 0), 4) AS recomputed_ratio,
     round(avgOrNullIf(recomputed_tokens, preempt_count > 0), 2) AS avg_recomputed_per_preempted,
     max(recomputed_tokens) AS max_recomputed_tokens,
-    round(avgOrNullIf(e2e_seconds, preempt_count > 0), 3) AS avg_e2e_seconds_preempted,
-    round(avgOrNullIf(e2e_seconds, preempt_count = 0), 3) AS avg_e2e_seconds_not_preempted
+    round(avgOrNullIf(e2e_seconds, preempt_count > 0 AND e2e_seconds >= 0), 3)
+        AS avg_e2e_seconds_preempted,
+    round(avgOrNullIf(e2e_seconds, preempt_count = 0 AND e2e_seconds >= 0), 3)
+        AS avg_e2e_seconds_not_preempted
 FROM request_traces
 WHERE ts >= now() - toIntervalDay({days:UInt32})
   AND ({model:String} = '' OR model = {model:String})
