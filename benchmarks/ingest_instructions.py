@@ -46,9 +46,11 @@ A report, never an assertion: prints a table and one JSON line (also ``summary.j
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -71,7 +73,9 @@ def record(args: argparse.Namespace, path: Path) -> int:
     from instructions import QUIET_ENV
 
     quiet = {k: v for k, v in QUIET_ENV.items() if not k.startswith("KVSCOPE_")}
-    endpoint = f"ipc://{tempfile.mkdtemp(prefix='kvscope-ingest-')}/probe.sock"
+    sock_dir = tempfile.mkdtemp(prefix="kvscope-ingest-")
+    atexit.register(shutil.rmtree, sock_dir, True)
+    endpoint = f"ipc://{sock_dir}/probe.sock"
     sock = zmq.Context.instance().socket(zmq.PULL)
     sock.bind(endpoint)
     pool = args.pool or (preempting_pool(args.running) if args.preempt else NO_PREEMPT_POOL)

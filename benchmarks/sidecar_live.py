@@ -43,8 +43,10 @@ one run says little about a target within that spread.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -402,6 +404,8 @@ def main() -> None:
     if args.rounds < 1:
         p.error("--rounds must be at least 1")
     work = Path(tempfile.mkdtemp(prefix="kvscope-live-"))
+    if args.out is not None:  # the sidecars' stores and logs go with the run (~20 MB)
+        atexit.register(shutil.rmtree, work, True)
     out = args.out or work
     out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {"git": git_state(), "noise": machine_noise(), "runs": []}
