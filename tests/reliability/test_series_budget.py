@@ -55,8 +55,13 @@ def client_requests(side: ServeProcess) -> float:
 @pytest.fixture(scope="module")
 def side(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
     frames = real_frames()  # ends with one middleware call, which the sidecar writes unjoined
+    # The recorded engine's last heartbeat comes once, below, and the flood of 10,000 calls
+    # takes 30 s and more: past the default health timeout (30 s) the engine reads silent
+    # and its pool and queue gauges are withheld (17 series short, a failure CI met). A
+    # live probe heartbeats every second; this sidecar waits longer instead.
     proc = ServeProcess(tmp_path_factory.mktemp("budget"),
-                        args=["--clickhouse-dsn", "off", "--log-level", "warning"])
+                        args=["--clickhouse-dsn", "off", "--log-level", "warning",
+                              "--health-timeout", "3600"])
     try:
         proc.start()
         # the engine idle after the call, as a live probe says it: a heartbeat stamped
