@@ -81,8 +81,11 @@ class SidecarProcess:
         self.workdir = workdir
         self.log_path = workdir / "sidecar.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        """Sidecars started on this endpoint so far: each numbers the engine's steps anew."""
 
     def start(self, ready_timeout_s: float = 30.0) -> None:
+        self.starts += 1
         argv = [sys.executable, "-m", "kvscope", "serve", "--endpoint", self.endpoint,
                 "--port", str(self.port), "--vllm-url", self.vllm_url,
                 "--vllm-scrape-interval", "1"]
