@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from kvscope.rows import RequestTrace
 from kvscope.sinks.base import SinkManager
 from kvscope.sinks.metrics import SinkCollector
-from kvscope.sinks.spool import Spool, SpooledBatch
+from kvscope.sinks.spool import Spool, SpooledBatch, SpoolLockedError
 from kvscope.store import arrow, embedded
 from kvscope.store.sink import ClickHouseSink, Target
 from tests.clickhouse.conftest import FAST, clickhouse_connect, count
@@ -116,7 +116,11 @@ def test_unreachable_server_then_restart_on_the_store(store: Any, database: str,
     assert not down.close(0.5)
     assert "s3cr3t" not in st.last_error and "Connection refused" in st.last_error
     assert "s3cr3t" not in caplog.text and "delivery failed" in caplog.text
-    # the sidecar comes back pointed at a reachable store, same spool: it replays
+    # the sidecar comes back pointed at a reachable store, same spool: it replays. The old
+    # sink's close may have left an attempt running on a busy machine; a new process would
+    # not start before the old one ended, and here the spool is free once that attempt ends.
+    wait_until("the old sink to let its spool go", lambda: spool_is_free(tmp_path / "spool"),
+               30)
     up = sink_for(chdb_dsn, database, tmp_path / "spool")
     assert up.flush(30)
     assert up.stats().rows_written["request_traces"] == 1500
@@ -270,6 +274,40 @@ def test_write_never_blocks_while_the_store_hangs(database: str, chdb_dsn: str,
     assert sink.stats().rows_dropped.get("request_traces", 0) == 0
     release.set()
     sink.close(0.3)
+
+
+def spool_is_free(directory: Path) -> bool:
+    """Whether another owner may take ``directory`` now (taken and let go at once)."""
+    try:
+        Spool(str(directory)).close()
+    except SpoolLockedError:
+        return False
+    return True
+
+
+def test_a_close_that_times_out_lets_the_spool_go_when_the_insert_ends(
+        database: str, chdb_dsn: str, tmp_path: Path) -> None:
+    """``close`` cannot wait out an insert that hangs; the spool stays locked only while
+    that insert runs, and the sending thread lets it go as it leaves, so another owner in
+    this process (a sink started again, a test) takes the spool once the insert ends."""
+    entered, release = threading.Event(), threading.Event()
+
+    def hang() -> Any:
+        entered.set()
+        release.wait()
+        raise OperationalError("read timed out")
+
+    sink = sink_for(chdb_dsn, database, tmp_path / "spool", connect=hang)
+    sink.write("request_traces", trace(0, ts=1e9))
+    assert entered.wait(60), "the sink never tried its store"
+    assert sink.close(0.3) is False
+    assert not spool_is_free(tmp_path / "spool")  # the insert still runs: still its owner
+    release.set()
+    wait_until("the closed sink to let its spool go", lambda: spool_is_free(tmp_path / "spool"),
+               30)
+    after = Spool(str(tmp_path / "spool"))
+    assert after.pending_rows() == {"request_traces": 1}  # the row waits for the next start
+    after.close()
 
 
 def test_a_fresh_reader_sees_every_row_taken_before_it_whatever_the_batch_interval(

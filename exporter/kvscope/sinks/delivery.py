@@ -86,14 +86,27 @@ class Delivery:
         self._cv = threading.Condition()
         self._asked = self._sealed = 0
         self._left = False  # the last forced seal left rows in memory (the spool refused)
-        self._threads = [threading.Thread(target=self._batch_loop, name=f"{name}-batch",
-                                          daemon=True),
-                         threading.Thread(target=self._send_loop, name=f"{name}-send",
-                                          daemon=True)]
+        self._running = 2
+        self._threads = [threading.Thread(target=self._leaving, args=(self._batch_loop,),
+                                          name=f"{name}-batch", daemon=True),
+                         threading.Thread(target=self._leaving, args=(self._send_loop,),
+                                          name=f"{name}-send", daemon=True)]
 
     def start(self) -> None:
         for t in self._threads:
             t.start()
+
+    def _leaving(self, loop: Callable[[], None]) -> None:
+        """Run ``loop``; the last thread out of a closing pipeline lets its spool go, so
+        a close that could not wait out a hanging insert frees the spool once it ends."""
+        try:
+            loop()
+        finally:
+            with self._cv:
+                self._running -= 1
+                last = self._running == 0
+            if last and self._stop.is_set():
+                self.spool.close()
 
     # -- the receiver thread -----------------------------------------------------------
     def take(self, table: str, row: Any) -> None:
@@ -325,7 +338,7 @@ class Delivery:
         if not self._threads[0].is_alive():
             self._drop_unspooled()
         if not any(t.is_alive() for t in self._threads):
-            self.spool.close()  # else an insert still runs: the lock goes with the process
+            self.spool.close()  # else an insert still runs: the last thread out closes it
         return delivered
 
     def _drop_unspooled(self) -> None:

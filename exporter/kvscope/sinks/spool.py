@@ -243,9 +243,11 @@ class Spool:
             return out
 
     def close(self) -> None:
-        if not self._lockfile.closed:
-            fcntl.flock(self._lockfile, fcntl.LOCK_UN)
-            self._lockfile.close()
+        """Let the directory go; closing twice (two threads of a closing sink) is harmless."""
+        with self.lock:
+            if not self._lockfile.closed:
+                fcntl.flock(self._lockfile, fcntl.LOCK_UN)
+                self._lockfile.close()
 
 
 def _fsync_dir(path: str) -> None:
