@@ -31,7 +31,9 @@ class RequestTrace:
     full length where each group keeps every block (full attention does; sliding-window and
     Mamba groups hold fewer: ``allocated_blocks`` is what it took)."""
     allocated_blocks: int
-    """Most blocks the request held at once."""
+    """Most blocks the request held at once; from its keyframe table on for a request
+    running when the sidecar took the engine up (a finished request's last table is its
+    largest in a full-attention group), -1 when it ended before that table was heard."""
     contiguous_allocated: bool
     """Its last block table was one run of consecutive block IDs."""
     block_fragments: int
@@ -40,7 +42,8 @@ class RequestTrace:
     preempt_reason: str
     """Reason of its last preemption, "" if never preempted."""
     recomputed_tokens: int
-    """Tokens discarded by its preemptions and computed again."""
+    """Tokens discarded by its preemptions and computed again (-1 unknown: preempted
+    before the sidecar took the engine up)."""
     cached_tokens: int
     """Prompt tokens served by the prefix cache at first admission."""
     free_blocks_at_alloc: int
@@ -50,8 +53,11 @@ class RequestTrace:
     at most 0.1 s apart, as scanning the pool on every admitting step would cost more
     than the rest of the step (-1 unknown)."""
     arrival_ts: float
-    """When the engine received it; the first admission's time when the sidecar did not
-    see it arrive (the latest it can have arrived): then the three times below are -1."""
+    """When the engine received it. When the sidecar did not see it arrive (it took the
+    engine up later), the latest it can have arrived: its first admission's time, or for
+    a request already admitted then, the first step heard after the keyframe that showed
+    it running (its resume's, for one waiting after a preemption); then the three times
+    below, ``max_gen_len`` and the two ``_at_alloc`` figures are -1."""
     queue_seconds: float
     """Arrival to first admission (-1 never admitted, or the arrival not seen)."""
     first_token_seconds: float

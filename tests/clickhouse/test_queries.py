@@ -326,3 +326,20 @@ def test_preemption_cost_averages_only_the_times_it_knows(store_rows: Any) -> No
     (g,) = [dict(zip(cols, r, strict=True)) for r in got]
     assert (g["avg_e2e_seconds_preempted"], g["avg_e2e_seconds_not_preempted"]) == (2.5, 1.5)
     assert g["requests"] == 4 and g["preempted_requests"] == 3
+
+
+def test_preemption_cost_sums_only_the_recomputation_it_knows(store_rows: Any) -> None:
+    """A request preempted before the sidecar took the engine up holds recomputed_tokens
+    -1 (unknown): summed in, it took one token off the total and pulled the mean down;
+    the ratio's tokens are those of the requests whose recomputation is known."""
+    from tests.clickhouse.rowsource import trace
+
+    rows = [replace(trace(1), recomputed_tokens=30), replace(trace(4), recomputed_tokens=10),
+            replace(trace(7), recomputed_tokens=-1), replace(trace(3), recomputed_tokens=0)]
+    client = store_rows(rows)
+    cols, got = query.run_saved(client, query.SavedQuery.load("preemption_cost"), {})
+    (g,) = [dict(zip(cols, r, strict=True)) for r in got]
+    assert (g["total_recomputed_tokens"], g["avg_recomputed_per_preempted"]) == (40, 20.0)
+    known = sum(t.prompt_len + t.output_len for t in rows if t.recomputed_tokens >= 0)
+    assert g["recomputed_ratio"] == round(40 / known, 4)
+    assert g["total_tokens"] == sum(t.prompt_len + t.output_len for t in rows)

@@ -323,8 +323,8 @@ def test_a_sidecar_that_did_not_see_a_request_arrive_claims_no_time_from_its_arr
     admitted = {e.request_id: e.ts for e in after
                 if isinstance(e, RequestEvent) and e.event == "admitted"}
     traces = [t for t in after if isinstance(t, RequestTrace)]
-    unseen = [t for t in traces if t.request_id not in seen]
-    assert unseen and len(unseen) < len(traces)
+    unseen = [t for t in traces if t.request_id not in seen and t.request_id in admitted]
+    assert unseen and len(unseen) < len(traces)  # (those admitted before: the next test)
     for t in unseen:
         assert (t.queue_seconds, t.first_token_seconds, t.e2e_seconds, t.max_gen_len) == (
             -1.0, -1.0, -1.0, -1), t
@@ -334,3 +334,50 @@ def test_a_sidecar_that_did_not_see_a_request_arrive_claims_no_time_from_its_arr
             assert t.arrival_ts == seen[t.request_id] and t.max_gen_len > 0
             assert t.queue_seconds == pytest.approx(admitted[t.request_id] - t.arrival_ts)
             assert t.e2e_seconds == pytest.approx(t.ts - t.arrival_ts) and t.e2e_seconds > 0
+
+
+def test_a_request_running_when_a_sidecar_takes_the_engine_up_gets_its_trace() -> None:
+    """A sidecar restarted while the engine runs on takes up the requests that were running
+    at the keyframe it starts from. It wrote no trace for them when they ended, only their
+    end events: every rolling update of the sidecars left the requests in flight out of
+    every count built from traces. Each now gets one: vLLM's own figures from its end
+    (lengths, preemptions, cached tokens), its blocks from the keyframe's table on (a
+    finished request's last table is its largest), and every time unknown (-1), its
+    arrival dated the first step the new sidecar heard (the latest it can have arrived)."""
+    from kvscope_probe.wire import cdiv
+    from tests.clickhouse.twinrun import run_twin_restarting_sidecar
+
+    before: list[Any] = []
+    after: list[Any] = []
+    run_twin_restarting_sidecar(before.append, after.append, restart_step=300,
+                                outage_steps=5, spec=WorkloadSpec(
+                                    n_requests=80, seed=5, waves=8, wave_interval_steps=100))
+    events = [e for e in after if isinstance(e, RequestEvent)]
+    ends = {e.request_id for e in events if e.event in ("finished", "aborted")}
+    came = {e.request_id for e in events if e.event in ("queued", "admitted")}
+    traces = {t.request_id: t for t in after if isinstance(t, RequestTrace)}
+    assert set(traces) == ends  # one trace for every end the new sidecar heard
+    held = {e.request_id for e in before if isinstance(e, RequestEvent)
+            and e.event in ("admitted", "resumed")}
+    taken_up = ends - came
+    assert taken_up and taken_up <= held  # running at the restart, admitted before it
+    queued = {e.request_id: e.ts for e in before
+              if isinstance(e, RequestEvent) and e.event == "queued"}
+    first_heard = {}
+    for e in events:
+        first_heard.setdefault(e.request_id, e.ts)
+    preempted_after = [e.request_id for e in events if e.event == "preempted"]
+    for rid in taken_up:
+        t = traces[rid]
+        assert (t.queue_seconds, t.first_token_seconds, t.e2e_seconds, t.max_gen_len,
+                t.free_blocks_at_alloc, t.max_contiguous_free_blocks_at_alloc) == (
+            -1.0, -1.0, -1.0, -1, -1, -1), t
+        assert queued[rid] <= t.arrival_ts <= first_heard[rid]  # the latest it can have come
+        assert t.finish_reason == "FINISHED_LENGTH_CAPPED"
+        if t.preempt_count > sum(p == rid for p in preempted_after):  # some before: unknown
+            assert t.recomputed_tokens == -1, t
+    assert any(traces[rid].recomputed_tokens == -1 for rid in taken_up)
+    for t in traces.values():  # the blocks rule every finished request keeps, taken up or not
+        if t.finish_reason == "FINISHED_LENGTH_CAPPED":
+            assert t.allocated_blocks == cdiv(t.prompt_len + t.output_len - 1,
+                                              TwinConfig().block_size), t

@@ -174,3 +174,12 @@ def test_the_trace_line_of_a_request_whose_arrival_was_not_seen() -> None:
                                     "required_blocks": 4, "allocated_blocks": 4,
                                     "finish_reason": "FINISHED_STOPPED", "client_id": ""})
     assert line.startswith("  prompt 47 tokens, output 12 of ? (its arrival was not seen), ")
+
+
+def test_the_trace_line_of_a_request_taken_up_before_its_table_was_heard() -> None:
+    """A request that ended before a new sidecar heard its keyframe table holds -1 blocks:
+    said as unknown."""
+    line = render_text._trace_line({"prompt_len": 47, "output_len": 12, "max_gen_len": -1,
+                                    "required_blocks": 4, "allocated_blocks": -1,
+                                    "finish_reason": "FINISHED_STOPPED", "client_id": ""})
+    assert "(? held at most)" in line and "-1" not in line

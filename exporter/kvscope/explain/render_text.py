@@ -60,9 +60,10 @@ def _trace_line(t: dict[str, Any]) -> str:
     sequence, which sliding-window and Mamba groups never hold: said as that, beside the
     most blocks it held at once (what it took)."""
     cap = t["max_gen_len"] if t["max_gen_len"] >= 0 else "? (its arrival was not seen)"
+    held = t["allocated_blocks"] if t["allocated_blocks"] >= 0 else "?"
     return (f"  prompt {t['prompt_len']} tokens, output {t['output_len']} of "
             f"{cap}, {plural(t['required_blocks'], 'block')} at its full length "
-            f"in all its KV cache groups ({t['allocated_blocks']} held at most), "
+            f"in all its KV cache groups ({held} held at most), "
             f"{t['finish_reason']}, client {t['client_id'] or '-'}")
 
 

@@ -174,7 +174,10 @@ class RequestTracker:
         for rid, groups in zip(s.grown_ids, s.grown_blocks, strict=True):  # ~16 at 256 running
             live = live_of(rid)
             if live is None:
-                continue
+                if resumed is None or rid not in resumed:
+                    continue
+                # preempted before this sidecar heard the engine, resumed now: taken up
+                live = reqs[rid] = Live(s.ts, arrival_seen=False, admitted_ts=s.ts)
             if resumed is not None and rid in resumed:
                 set_table(live, groups)
                 self._event(st, s.ts, rid, "resumed", blocks=live.blocks,
@@ -206,6 +209,8 @@ class RequestTracker:
                     set_table(live, led.tables[rid])
         if pending:
             self._first_tokens(reqs, pending, led, s)
+        if st.keyframe_running:  # after a keyframe (every few seconds): ~running lookups
+            self._take_up(st, reqs, s)
         for e in s.ends:
             pending.discard(e.req_id)
             self._flush_allocations(st, e.req_id)
@@ -223,6 +228,36 @@ class RequestTracker:
             self.config_due[st.key] = s.ts + CONFIG_EVERY_S
             if self.wants("engine_configs"):
                 self.emit(engine_config(st, s.ts))
+
+    @staticmethod
+    def _take_up(st: EngineState, reqs: OrderedDict[str, Live], s: wire.Step) -> None:
+        """Requests running at the last keyframe that the tracker does not know: admitted
+        before this sidecar heard the engine (it restarted, or started late) or in a gap.
+        Each is followed from its keyframe table on, so its end writes a trace: its blocks
+        from that table on, vLLM's own figures from its end, and every time unknown, its
+        arrival dated this step (the latest it can have arrived). One whose table follows
+        in a keyframe slice waits for it; one that ends before it is heard holds unknown
+        blocks (-1)."""
+        led = st.ledger
+        if st.keyframe_ts is None:
+            st.keyframe_ts = s.ts
+        ts = st.keyframe_ts
+        ending = {e.req_id for e in s.ends} if s.ends else set()
+        waiting: set[str] = set()
+        for rid in st.keyframe_running:
+            if rid in reqs:
+                continue
+            table = led.tables.get(rid)
+            if table is None and rid not in ending:
+                if led.awaiting:  # its table comes in a keyframe slice
+                    waiting.add(rid)
+                continue  # preempted since the keyframe: its resume admits it
+            live = reqs[rid] = Live(ts, arrival_seen=False, admitted_ts=ts)
+            if table is None:
+                live.peak_blocks = live.fragments = -1
+            else:
+                set_table(live, table)
+        st.keyframe_running = waiting
 
     @staticmethod
     def _dropped(s: wire.Step, reqs: OrderedDict[str, Live], add: Any,
@@ -337,7 +372,8 @@ class RequestTracker:
             contiguous_allocated=live.fragments == len(groups) and live.peak_blocks > 0,
             block_fragments=live.fragments,
             preempt_count=e.num_preemptions, preempt_reason=live.last_reason,
-            recomputed_tokens=live.recomputed,
+            recomputed_tokens=(live.recomputed if seen or live.preemptions >= e.num_preemptions
+                               else -1),  # preempted before this sidecar took it up
             cached_tokens=live.cached_tokens if live.cached_tokens >= 0 else e.cached_tokens,
             free_blocks_at_alloc=live.free_at_alloc,
             max_contiguous_free_blocks_at_alloc=live.maxrun_at_alloc,

@@ -1,7 +1,9 @@
 -- What do preemptions cost in recomputation? Per model and engine over the last `days`
 -- days: requests, preempted requests, preemptions, tokens computed a second time after a
 -- resume (recomputed_tokens: discarded tokens minus prefix-cache hits on resume), their
--- share of all prompt + output tokens, the average and largest per preempted request,
+-- share of the prompt + output tokens of the requests whose recomputation is known (-1,
+-- unknown, for one preempted before the sidecar took the engine up: see request_traces),
+-- the average and largest per preempted request,
 -- and the mean end-to-end seconds of preempted vs never-preempted requests (of those whose
 -- arrival the sidecar saw: -1 otherwise, see request_traces).
 -- @param days = 7      window, in days back from now
@@ -15,10 +17,13 @@ SELECT
     count() AS requests,
     countIf(preempt_count > 0) AS preempted_requests,
     sum(preempt_count) AS preemptions,
-    sum(recomputed_tokens) AS total_recomputed_tokens,
+    sumIf(recomputed_tokens, recomputed_tokens >= 0) AS total_recomputed_tokens,
     sum(prompt_len + output_len) AS total_tokens,
-    round(total_recomputed_tokens / nullIf(total_tokens, 0), 4) AS recomputed_ratio,
-    round(avgOrNullIf(recomputed_tokens, preempt_count > 0), 2) AS avg_recomputed_per_preempted,
+    round(total_recomputed_tokens
+          / nullIf(sumIf(prompt_len + output_len, recomputed_tokens >= 0), 0), 4)
+        AS recomputed_ratio,
+    round(avgOrNullIf(recomputed_tokens, preempt_count > 0 AND recomputed_tokens >= 0), 2)
+        AS avg_recomputed_per_preempted,
     max(recomputed_tokens) AS max_recomputed_tokens,
     round(avgOrNullIf(e2e_seconds, preempt_count > 0 AND e2e_seconds >= 0), 3)
         AS avg_e2e_seconds_preempted,
