@@ -83,7 +83,9 @@ class RequestEvent:
     engine: str
     request_id: str
     event: str
-    """queued, admitted, allocated, preempted, resumed, finished, aborted."""
+    """queued, admitted, allocated, preempted, resumed, finished, aborted; taken_up: the
+    request was running (holding ``total_blocks``) when this sidecar took the engine up,
+    admitted before it heard the engine (``RequestTracker._take_up``)."""
     step: int
     """Engine step counter when it happened (0: between steps)."""
     blocks: int

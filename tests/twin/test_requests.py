@@ -373,10 +373,18 @@ def test_a_request_running_when_a_sidecar_takes_the_engine_up_gets_its_trace() -
                 t.free_blocks_at_alloc, t.max_contiguous_free_blocks_at_alloc) == (
             -1.0, -1.0, -1.0, -1, -1, -1), t
         assert queued[rid] <= t.arrival_ts <= first_heard[rid]  # the latest it can have come
+        took = [e for e in events if e.request_id == rid and e.event == "taken_up"]
+        if took:  # running at the keyframe: its table then, the step the trace dates it
+            (e,) = took
+            assert e.ts == t.arrival_ts == first_heard[rid] and 0 < e.total_blocks
+            assert e.total_blocks == e.blocks <= t.allocated_blocks
+        else:  # waiting after a preemption then: its resume takes it up
+            assert [e.event for e in events if e.request_id == rid][0] == "resumed"
         assert t.finish_reason == "FINISHED_LENGTH_CAPPED"
         if t.preempt_count > sum(p == rid for p in preempted_after):  # some before: unknown
             assert t.recomputed_tokens == -1, t
     assert any(traces[rid].recomputed_tokens == -1 for rid in taken_up)
+    assert {e.request_id for e in events if e.event == "taken_up"} < taken_up
     for t in traces.values():  # the blocks rule every finished request keeps, taken up or not
         if t.finish_reason == "FINISHED_LENGTH_CAPPED":
             assert t.allocated_blocks == cdiv(t.prompt_len + t.output_len - 1,

@@ -15,7 +15,7 @@ from typing import Any
 
 from kvscope.state.capacity import full_attention_blocks
 
-HOLDING = ("admitted", "resumed", "allocated")
+HOLDING = ("admitted", "resumed", "allocated", "taken_up")
 TOP = 5
 
 

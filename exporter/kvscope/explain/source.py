@@ -59,7 +59,7 @@ def _rows(client: Any, sql: str, params: dict[str, Any], cols: tuple[str, ...]) 
 
 
 WITHIN_STEP = ("indexOf(['queued', 'preempted', 'admitted', 'resumed', 'allocated', "
-               "'finished', 'aborted'], event)")
+               "'taken_up', 'finished', 'aborted'], event)")
 
 
 def events(client: Any, where: str, params: dict[str, Any], limit: int = 0,

@@ -145,7 +145,7 @@ def gaps(events: list[dict], preempt_count: int | None = None) -> list[str]:
         out.append("no queued event (it arrived before the sidecar saw its engine, or the "
                    "row is lost)")
     if "admitted" not in kinds and any(k in kinds for k in (
-            "resumed", "allocated", "preempted", "finished")):  # it ran
+            "resumed", "allocated", "taken_up", "preempted", "finished")):  # it ran
         out.append("no admitted event")
     if not any(k in END_EVENTS for k in kinds):
         out.append("no end event (not ended yet, or its end was not recorded)")
@@ -172,7 +172,7 @@ def _first(events: list[dict], *kinds: str) -> dict | None:
 
 
 STATE_AFTER = {"queued": "waiting", "preempted": "preempted", "admitted": "running",
-               "resumed": "running", "finished": "", "aborted": ""}
+               "resumed": "running", "taken_up": "running", "finished": "", "aborted": ""}
 
 
 def spans(events: list[dict]) -> list[dict[str, Any]]:

@@ -146,9 +146,6 @@ class EngineState:
         """The requests running at the last keyframe, until the request tracker has taken
         up those it did not know (admitted before this sidecar heard the session, or in a
         gap): ``RequestTracker._take_up``."""
-        self.keyframe_ts: float | None = None
-        """The time of the first step after that keyframe (the latest those requests can
-        have arrived), set by the tracker as it takes them up."""
         self._maxrun = 0
         self._maxrun_at = 0.0
         self.history: deque[tuple[float, int, int]] = deque(maxlen=4000)
@@ -185,7 +182,7 @@ class EngineState:
                 raise ValueError("keyframe pool size differs from hello")
             if self.ledger.load(record):
                 self.counters.ledger_mismatches += 1
-            self.keyframe_running, self.keyframe_ts = set(record.tokens), None
+            self.keyframe_running = set(record.tokens)
             self._sample_maxrun(force=True)
         elif isinstance(record, wire.KeyframeTables):
             if self.ledger.load_tables(record):

@@ -229,21 +229,18 @@ class RequestTracker:
             if self.wants("engine_configs"):
                 self.emit(engine_config(st, s.ts))
 
-    @staticmethod
-    def _take_up(st: EngineState, reqs: OrderedDict[str, Live], s: wire.Step) -> None:
+    def _take_up(self, st: EngineState, reqs: OrderedDict[str, Live], s: wire.Step) -> None:
         """Requests running at the last keyframe that the tracker does not know: admitted
         before this sidecar heard the engine (it restarted, or started late) or in a gap.
-        Each is followed from its keyframe table on, so its end writes a trace: its blocks
-        from that table on, vLLM's own figures from its end, and every time unknown, its
-        arrival dated this step (the latest it can have arrived). One whose table follows
-        in a keyframe slice waits for it; one that ends before it is heard holds unknown
-        blocks (-1)."""
+        Each is followed from its keyframe table on, with a ``taken_up`` event holding that
+        table, so its end writes a trace: its blocks from that table on, vLLM's own figures
+        from its end, every time unknown, its arrival dated this step (the latest it can
+        have arrived). One whose table follows in a keyframe slice waits for it; one that
+        ends before it is heard holds unknown blocks (-1)."""
         led = st.ledger
-        if st.keyframe_ts is None:
-            st.keyframe_ts = s.ts
-        ts = st.keyframe_ts
         ending = {e.req_id for e in s.ends} if s.ends else set()
         waiting: set[str] = set()
+        free = led.free if led.synced else -1
         for rid in st.keyframe_running:
             if rid in reqs:
                 continue
@@ -251,12 +248,16 @@ class RequestTracker:
             if table is None and rid not in ending:
                 if led.awaiting:  # its table comes in a keyframe slice
                     waiting.add(rid)
-                continue  # preempted since the keyframe: its resume admits it
-            live = reqs[rid] = Live(ts, arrival_seen=False, admitted_ts=ts)
+                continue  # preempted since the keyframe: its resume takes it up
+            live = reqs[rid] = Live(s.ts, arrival_seen=False, admitted_ts=s.ts)
             if table is None:
                 live.peak_blocks = live.fragments = -1
             else:
                 set_table(live, table)
+            held = live.blocks if table is not None else -1
+            self._event(st, s.ts, rid, "taken_up", blocks=held, total_blocks=held,
+                        free_blocks=free, tokens=self._tokens(led, rid) if held >= 0 else -1,
+                        detail="running when this sidecar took the engine up")
         st.keyframe_running = waiting
 
     @staticmethod

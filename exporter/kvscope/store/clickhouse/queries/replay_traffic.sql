@@ -100,7 +100,7 @@ ASOF LEFT JOIN
 (
     -- a count began with its first row: a queued row is dated by the request's arrival,
     -- so every request a count queued arrived at or after it began, and every trace of a
-    -- request it did not see arrive is dated by an admission it stored
+    -- request it did not see arrive is dated by an admission, resume or take-up it stored
     SELECT server, engine, step_counter, toFloat64(min(ts)) AS counted_from
     FROM request_events
     WHERE step_counter != ''
