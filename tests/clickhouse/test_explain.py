@@ -115,7 +115,7 @@ def held_by_replay(r: Run, step: int) -> dict[str, int]:
     held: dict[str, int] = {}
     events = [e for e in unrolled(r.rows) if isinstance(e, RequestEvent)]
     for e in sorted((e for e in events if e.step < step), key=lambda e: (e.step, e.ts)):
-        if e.event in ("admitted", "resumed", "allocated"):
+        if e.event in ("admitted", "resumed", "allocated", "taken_up"):
             held[e.request_id] = e.total_blocks
         else:
             held.pop(e.request_id, None)
@@ -503,3 +503,41 @@ def test_a_store_older_than_the_command_is_named_with_the_fix(
     err = capsys.readouterr().err
     assert "engine_ids" in err and "Traceback" not in err
     assert "older than this kvscope" in err and "kvscope serve" in err
+
+
+def test_the_pool_after_a_sidecar_restart_is_read_from_the_new_count_with_what_it_took_up(
+        store_rows: Any) -> None:
+    """A sidecar restarted while the engine ran on numbers the steps from 1 again; a request
+    it took up (running then) holds its keyframe table from its ``taken_up`` event on. At a
+    preemption the new sidecar stored, the pool is read from the new count alone: a
+    request whose events span both counts (queued by the old sidecar, preempted after the
+    restart) read the old count's steps as the new one's, and missed the requests taken up
+    until they grew."""
+    from kvscope.twin import WorkloadSpec
+    from tests.clickhouse.twinrun import run_twin_restarting_sidecar
+
+    before: list[Any] = []
+    after: list[Any] = []
+    run_twin_restarting_sidecar(before.append, after.append, restart_step=300,
+                                outage_steps=5, spec=WorkloadSpec(
+                                    n_requests=80, seed=5, waves=8, wave_interval_steps=100))
+    client = store_rows(before + after)
+    new = Run(client, [], [], after, "", "")
+    took = {e.request_id for e in after if isinstance(e, RequestEvent)
+            and e.event == "taken_up"}
+    restart = min(e.ts for e in after if isinstance(e, RequestEvent))
+    victims = sorted({e.request_id for e in after if isinstance(e, RequestEvent)
+                      and e.event == "preempted"})
+    checked = with_taken_up = spanning = 0
+    for rid in victims:
+        (r,) = answer.explain(client, rid)["engine_requests"]
+        spanning += any(e["ts"] < restart for e in r["timeline"])
+        for p in (p for p in r["preemptions"] if p["ts"] >= restart):
+            held = held_by_replay(new, p["step"])
+            h = p["holders"]
+            assert h["held_blocks"] == sum(held.values()) and h["requests"] == len(held), p
+            top = sorted(held.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
+            assert [(x["key"], x["blocks"]) for x in h["by_request"]] == top
+            checked += 1
+            with_taken_up += bool(took & set(held))
+    assert checked and with_taken_up and spanning

@@ -72,6 +72,7 @@ def request_answer(client: Any, rid: str, who: dict[str, dict]) -> dict[str, Any
 
 def _pool_at_preemption(client: Any, run: source.Run, story: Story, p: Preemption) -> None:
     step = p.event["step"]
+    run = source.run_at(client, run, p.event)
     held = holders.blocks_held(source.live_events(client, run, step))
     p.trigger = holders.trigger_event(source.step_events(client, run, step), p.requester)
     snap = source.layout_at(client, run, step)
@@ -122,6 +123,7 @@ def _waiting(client: Any, run: source.Run, story: Story, trace: dict | None,
     if not story.queued or story.waiting.steps <= 0:
         return None
     step = story.queued["step"]
+    run = source.run_at(client, run, story.queued)
     held = holders.blocks_held(source.live_events(client, run, step))
     held.pop(story.request_id, None)
     snap = source.layout_at(client, run, step)

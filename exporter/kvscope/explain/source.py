@@ -5,9 +5,11 @@ store keeps them (a table split, a view) is one edit here. Rows come back as pla
 with epoch-second floats, the shapes of ``kvscope.store.rows``.
 
 Step numbers restart with every run of an engine (its restart, or the sidecar's: the new
-``EngineState`` counts from 0), and the rows keep no run; every query by step is bounded
-by the time span of the asked request's run (``Run``, ``run_of``), or it read other runs'
-requests as holders of the pool, and their steps as this one's.
+``EngineState`` counts from 0); every query by step is bounded by the time span of the
+asked request's run (``Run``, ``run_of``), or it read other runs' requests as holders of
+the pool, and their steps as this one's. Rows stored since ``step_counter`` name the
+sidecar count of their step: the pool at one event is read from that event's count alone
+(``run_at``), so a request whose events span a sidecar restart is read right on each side.
 """
 
 from __future__ import annotations
@@ -29,20 +31,26 @@ class Run:
     server: str
     lo: float
     hi: float
+    counter: str = ""
+    """The sidecar count (``step_counter``) whose steps these are; '' when not known."""
 
-    def where(self) -> str:
+    def where(self, counted: bool = True) -> str:
+        """``counted``: the table has ``step_counter`` (the request events do, the layout
+        samples not: the time span bounds those)."""
         # the float bounds are exact (ts as stored, both ends excluded); the DateTime64
         # ones let the store skip parts by its sort key (model, server, engine, ts)
         return ("engine = {e:String} AND server = {s:String} AND toFloat64(ts) > {lo:Float64} "
                 "AND toFloat64(ts) < {hi:Float64} AND ts >= toDateTime64({lo:Float64}, 3) "
-                "AND ts <= toDateTime64({hi:Float64}, 3)")
+                "AND ts <= toDateTime64({hi:Float64}, 3)"
+                + (" AND step_counter = {c:String}" if counted and self.counter else ""))
 
     def params(self, **more: Any) -> dict[str, Any]:
-        return {"e": self.engine, "s": self.server, "lo": self.lo, "hi": self.hi, **more}
+        return {"e": self.engine, "s": self.server, "lo": self.lo, "hi": self.hi,
+                "c": self.counter, **more}
 
 EVENT_COLUMNS = ("ts", "model", "engine", "server", "request_id", "event", "step", "blocks",
                  "total_blocks", "free_blocks", "max_contiguous_free", "tokens", "reason",
-                 "detail", "requester")
+                 "detail", "requester", "step_counter")
 TRACE_COLUMNS = ("ts", "model", "engine", "server", "request_id", "prompt_len", "max_gen_len",
                  "output_len", "required_blocks", "allocated_blocks", "preempt_count",
                  "recomputed_tokens", "cached_tokens", "arrival_ts", "queue_seconds",
@@ -98,6 +106,23 @@ def run_of(client: Any, events_: list[dict]) -> Run:
     return Run(first["engine"], first["server"],
                start if before else events_[0]["ts"] - RUN_SEARCH_S,
                end if after else events_[-1]["ts"] + RUN_SEARCH_S)
+
+
+def run_at(client: Any, run: Run, event: dict) -> Run:
+    """The run of ``event``'s own step: the span of the sidecar count it names (its first
+    and last rows, looked for within ``RUN_SEARCH_S`` of it), read by that count alone;
+    ``run`` for a row stored before counts were named."""
+    counter = event["step_counter"]
+    if not counter:
+        return run
+    r = client.query(
+        "SELECT toFloat64(min(ts)), toFloat64(max(ts)) FROM request_events_all "
+        "WHERE engine = {e:String} AND server = {s:String} AND step_counter = {c:String} "
+        "AND ts >= toDateTime64({lo:Float64}, 3) AND ts <= toDateTime64({hi:Float64}, 3)",
+        parameters={"e": run.engine, "s": run.server, "c": counter,
+                    "lo": event["ts"] - RUN_SEARCH_S, "hi": event["ts"] + RUN_SEARCH_S})
+    first, last = r.result_rows[0]
+    return Run(run.engine, run.server, first - 0.001, last + 0.001, counter)
 
 
 def first_event_after(client: Any, run: Run, step: int) -> dict | None:
@@ -190,7 +215,7 @@ def layout_at(client: Any, run: Run, step: int) -> dict | None:
     """The run's last layout sample taken at or before ``step``, if any."""
     cols = ("ts", "step", "num_blocks", "free_blocks", "cached_blocks", "used_blocks",
             "running", "waiting", "states", "owner", "owner_req_ids", "owner_blocks")
-    rows = _rows(client, "SELECT {cols} FROM layout_snapshots WHERE " + run.where()
+    rows = _rows(client, "SELECT {cols} FROM layout_snapshots WHERE " + run.where(False)
                  + " AND step <= {n:Int64} ORDER BY step DESC, ts DESC LIMIT 1",
                  run.params(n=step), cols)
     return rows[0] if rows else None
