@@ -239,20 +239,28 @@ def test_batch_inserted_before_a_crash_is_replayed_once(store: Any, database: st
     assert count(store, "request_traces") == 500
 
 
-def test_write_never_blocks_while_the_store_hangs(database: str, chdb_dsn: str,
-                                                  tmp_path: Path) -> None:
-    """Every write returns while the store's connect is still hanging, and it hangs until
-    the test lets it go: no write can have waited for the store."""
+def hanging_sink(database: str, chdb_dsn: str, spool: Path,
+                 ) -> tuple[ClickHouseSink, threading.Event]:
+    """A sink with one row whose store's connect is hanging (a server that accepts the
+    connection and never answers) until the event returned is set."""
     entered, release = threading.Event(), threading.Event()
 
-    def hang() -> Any:  # a server that accepts the connection and never answers
+    def hang() -> Any:
         entered.set()
         release.wait()
         raise OperationalError("read timed out")
 
-    sink = sink_for(chdb_dsn, database, tmp_path / "spool", connect=hang)
+    sink = sink_for(chdb_dsn, database, spool, connect=hang)
     sink.write("request_traces", trace(0, ts=1e9))
     assert entered.wait(60), "the sink never tried its store"
+    return sink, release
+
+
+def test_write_never_blocks_while_the_store_hangs(database: str, chdb_dsn: str,
+                                                  tmp_path: Path) -> None:
+    """Every write returns while the store's connect is still hanging, and it hangs until
+    the test lets it go: no write can have waited for the store."""
+    sink, release = hanging_sink(database, chdb_dsn, tmp_path / "spool")
     rows = [trace(i, ts=1e9) for i in range(1, 50_000)]
     written = threading.Event()
 
@@ -290,16 +298,7 @@ def test_a_close_that_times_out_lets_the_spool_go_when_the_insert_ends(
     """``close`` cannot wait out an insert that hangs; the spool stays locked only while
     that insert runs, and the sending thread lets it go as it leaves, so another owner in
     this process (a sink started again, a test) takes the spool once the insert ends."""
-    entered, release = threading.Event(), threading.Event()
-
-    def hang() -> Any:
-        entered.set()
-        release.wait()
-        raise OperationalError("read timed out")
-
-    sink = sink_for(chdb_dsn, database, tmp_path / "spool", connect=hang)
-    sink.write("request_traces", trace(0, ts=1e9))
-    assert entered.wait(60), "the sink never tried its store"
+    sink, release = hanging_sink(database, chdb_dsn, tmp_path / "spool")
     assert sink.close(0.3) is False
     assert not spool_is_free(tmp_path / "spool")  # the insert still runs: still its owner
     release.set()
