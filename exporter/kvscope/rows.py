@@ -187,7 +187,8 @@ class SchedulerDecision:
     free_blocks: int
     max_contiguous_free: int
     tokens: int
-    """preempt: computed tokens lost; resume: tokens to recompute; finish: output tokens."""
+    """preempt: computed tokens lost; resume: tokens to recompute (-1 unknown: preempted
+    before the sidecar took the engine up); finish: output tokens."""
     policy: str
     msg: str
     """Stable human line, e.g. 'Preempting request r1 due to kv_full free_blocks=0

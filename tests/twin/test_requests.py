@@ -378,8 +378,12 @@ def test_a_request_running_when_a_sidecar_takes_the_engine_up_gets_its_trace() -
             (e,) = took
             assert e.ts == t.arrival_ts == first_heard[rid] and 0 < e.total_blocks
             assert e.total_blocks == e.blocks <= t.allocated_blocks
-        else:  # waiting after a preemption then: its resume takes it up
+        else:  # waiting after a preemption then: its resume takes it up, and what that
+            # preemption discarded is unknown: never "recomputing 0 tokens"
             assert [e.event for e in events if e.request_id == rid][0] == "resumed"
+            (d,) = [d for d in after if isinstance(d, SchedulerDecision)
+                    and d.request_id == rid and d.decision == "resume"]
+            assert d.tokens == -1 and "(unknown)" in d.msg, d
         assert t.finish_reason == "FINISHED_LENGTH_CAPPED"
         if t.preempt_count > sum(p == rid for p in preempted_after):  # some before: unknown
             assert t.recomputed_tokens == -1, t

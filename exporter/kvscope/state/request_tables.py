@@ -28,6 +28,8 @@ class Live:
     preemptions: int = 0
     last_reason: str = ""
     lost_tokens: int = 0
+    """Computed tokens its last preemption discarded, until it resumes (-1 unknown: it was
+    preempted before this sidecar took the engine up)."""
     recomputed: int = 0
     arrival_seen: bool = True
     """False when the tracker first heard of the request at its admission (a sidecar that

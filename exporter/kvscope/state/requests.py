@@ -176,8 +176,10 @@ class RequestTracker:
             if live is None:
                 if resumed is None or rid not in resumed:
                     continue
-                # preempted before this sidecar heard the engine, resumed now: taken up
-                live = reqs[rid] = Live(s.ts, arrival_seen=False, admitted_ts=s.ts)
+                # preempted before this sidecar heard the engine, resumed now: taken up,
+                # what its preemption discarded unknown
+                live = reqs[rid] = Live(s.ts, arrival_seen=False, admitted_ts=s.ts,
+                                        lost_tokens=-1)
             if resumed is not None and rid in resumed:
                 set_table(live, groups)
                 self._event(st, s.ts, rid, "resumed", blocks=live.blocks,
@@ -317,11 +319,17 @@ class RequestTracker:
                 pending.discard(rid)
 
     def _resumed(self, st: EngineState, s: wire.Step, live: Live, rid: str, hits: int) -> None:
-        redo = max(0, live.lost_tokens - hits)
-        live.recomputed += redo
+        """A ``resume`` decision; what it computes again is unknown (-1) for a request
+        preempted before this sidecar took the engine up (``lost_tokens`` -1)."""
+        redo = -1 if live.lost_tokens < 0 else max(0, live.lost_tokens - hits)
+        if redo > 0:
+            live.recomputed += redo
         live.lost_tokens = 0
+        again = (f"recomputing {redo} tokens" if redo >= 0 else
+                 "recomputing what a preemption before this sidecar took the engine up "
+                 "discarded (unknown)")
         self._decision(st, s.ts, "resume", rid,
-                       f"Resuming request {rid} after preemption, recomputing {redo} tokens "
+                       f"Resuming request {rid} after preemption, {again} "
                        f"blocks={live.blocks}", tokens=redo,
                        free_blocks=st.ledger.free if st.ledger.synced else -1)
 
