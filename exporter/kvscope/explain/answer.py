@@ -55,8 +55,9 @@ def request_answer(client: Any, rid: str, who: dict[str, dict]) -> dict[str, Any
                   trace["preempt_count"] if trace else None)
     lo, hi = events[0]["ts"], events[-1]["ts"]
     decided = source.decisions(client, engine, server, DECISIONS, lo, hi)
+    spanning = len({e["step_counter"] for e in events}) > 1  # a sidecar restart in its life
     for p in story.preemptions:
-        _pool_at_preemption(client, run, story, p)
+        _pool_at_preemption(client, source.run_at(client, run, p.event, spanning), story, p)
     return {
         "request_id": rid, "model": model, "server": server, "engine": engine,
         "trace": trace, "timeline": events, "spans": spans(events),
@@ -65,14 +66,13 @@ def request_answer(client: Any, rid: str, who: dict[str, dict]) -> dict[str, Any
             for k in ("waiting", "preempted", "recomputing", "running", "total")},
         "incomplete": story.incomplete,
         "preemptions": [_preemption(p, decided) for p in story.preemptions],
-        "waiting": _waiting(client, run, story, trace, decided),
+        "waiting": _waiting(client, run, story, trace, decided, spanning),
         "verdict": verdict(story),
     }
 
 
 def _pool_at_preemption(client: Any, run: source.Run, story: Story, p: Preemption) -> None:
     step = p.event["step"]
-    run = source.run_at(client, run, p.event)
     held = holders.blocks_held(source.live_events(client, run, step))
     p.trigger = holders.trigger_event(source.step_events(client, run, step), p.requester)
     snap = source.layout_at(client, run, step)
@@ -116,14 +116,14 @@ def layout_json(snap: dict | None, rid: str) -> dict[str, Any] | None:
 
 
 def _waiting(client: Any, run: source.Run, story: Story, trace: dict | None,
-             decided: list[dict]) -> dict[str, Any] | None:
+             decided: list[dict], spanning: bool) -> dict[str, Any] | None:
     """The pool while it waited to be admitted, as the first step it waited through began:
     the step whose record reported its arrival (vLLM's loop met it in that step's
     ``schedule()`` and did not admit it)."""
     if not story.queued or story.waiting.steps <= 0:
         return None
     step = story.queued["step"]
-    run = source.run_at(client, run, story.queued)
+    run = source.run_at(client, run, story.queued, spanning)
     held = holders.blocks_held(source.live_events(client, run, step))
     held.pop(story.request_id, None)
     snap = source.layout_at(client, run, step)

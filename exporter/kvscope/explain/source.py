@@ -108,13 +108,20 @@ def run_of(client: Any, events_: list[dict]) -> Run:
                end if after else events_[-1]["ts"] + RUN_SEARCH_S)
 
 
-def run_at(client: Any, run: Run, event: dict) -> Run:
-    """The run of ``event``'s own step: the span of the sidecar count it names (its first
-    and last rows, looked for within ``RUN_SEARCH_S`` of it), read by that count alone;
-    ``run`` for a row stored before counts were named."""
+def run_at(client: Any, run: Run, event: dict, spanning: bool) -> Run:
+    """The run of ``event``'s own step: the request events of the sidecar count it names
+    alone (``run`` for a row stored before counts were named). When the request's events
+    span several counts (``spanning``: a sidecar restarted in its life), the time span is
+    that count's, its first and last rows (looked for within ``RUN_SEARCH_S`` of it): the
+    layout samples, which name no count, are then read within it, so a sample is of that
+    count, though the last ones a count took after its last row may be missed for an
+    earlier one (a sample is the sidecar's clock after it ingested the step). Otherwise
+    the request's ``run``."""
     counter = event["step_counter"]
     if not counter:
         return run
+    if not spanning:
+        return Run(run.engine, run.server, run.lo, run.hi, counter)
     r = client.query(
         "SELECT toFloat64(min(ts)), toFloat64(max(ts)) FROM request_events_all "
         "WHERE engine = {e:String} AND server = {s:String} AND step_counter = {c:String} "
