@@ -505,6 +505,34 @@ def test_a_store_older_than_the_command_is_named_with_the_fix(
     assert "older than this kvscope" in err and "kvscope serve" in err
 
 
+def test_a_store_from_before_step_counters_is_explained_as_one_count(
+        store_rows: Any, chdb_dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A store the fleet's older sidecars still write (request events with no
+    ``step_counter``, the view as 150 made it) read by a newer CLI: explain answers from it
+    as before, each row of no named count, where it exited 1 on the column it now reads."""
+    from tests.clickhouse.test_schema import before_step_counters
+
+    t0 = 1_800_000_000.0
+    client = store_rows([_ev("a", "queued", 1, t0), _ev("a", "admitted", 2, t0 + 1.0, blocks=3),
+                         _ev("a", "finished", 9, t0 + 5.0)])
+    db = client.database
+    client.command("DROP VIEW request_events_all")
+    for table in ("request_events", "request_allocations"):
+        client.command(f"ALTER TABLE {table} DROP COLUMN step_counter")
+    from kvscope.store import schema
+    (view,) = [stmt for stmt in before_step_counters(schema.render_schema(db, 7))
+               if "VIEW" in stmt and "request_events_all" in stmt]
+    client.command(view)
+    assert cli.main(["explain", "a", "--dsn", chdb_dsn, "--database", db,
+                     "--format", "json"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    valid(body)
+    (r,) = body["engine_requests"]
+    assert [(e["event"], e["step_counter"]) for e in r["timeline"]] == [
+        ("queued", ""), ("admitted", ""), ("finished", "")]
+    assert r["lost"]["waiting"]["steps"] == 1
+
+
 def test_the_pool_after_a_sidecar_restart_is_read_from_the_new_count_with_what_it_took_up(
         store_rows: Any) -> None:
     """A sidecar restarted while the engine ran on numbers the steps from 1 again; a request

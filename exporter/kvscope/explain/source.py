@@ -14,6 +14,7 @@ sidecar count of their step: the pool at one event is read from that event's cou
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,10 +61,30 @@ CLIENT_COLUMNS = ("ts", "request_id", "engine_request_ids", "client_id", "user_a
 _EPOCH = {"ts", "arrival_ts"}
 
 
-def _rows(client: Any, sql: str, params: dict[str, Any], cols: tuple[str, ...]) -> list[dict]:
-    picked = ", ".join(f"toFloat64({c}) AS {c}" if c in _EPOCH else c for c in cols)
+def _rows(client: Any, sql: str, params: dict[str, Any], cols: tuple[str, ...],
+          blank: tuple[str, ...] = ()) -> list[dict]:
+    """``cols`` of the rows ``sql`` selects (``{cols}``); those in ``blank`` read ''."""
+    picked = ", ".join(f"toFloat64({c}) AS {c}" if c in _EPOCH else
+                       f"'' AS {c}" if c in blank else c for c in cols)
     result = client.query(sql.replace("{cols}", picked), parameters=params)
     return [dict(zip(cols, r, strict=True)) for r in result.result_rows]
+
+
+_NAMED: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def counts_named(client: Any) -> bool:
+    """Whether the store's request events name their sidecar count (``step_counter``,
+    schema 160 and 170): a newer CLI reading a store older sidecars still write reads
+    every row as of no named count, as it did before. Asked once per client (a sidecar
+    migrates its store before it reads it; a CLI runs one command)."""
+    named = _NAMED.get(client)
+    if named is None:
+        r = client.query("SELECT count() FROM system.columns WHERE database = "
+                         "currentDatabase() AND table = 'request_events_all' AND name = "
+                         "'step_counter'")
+        named = _NAMED[client] = bool(r.result_rows[0][0])
+    return named
 
 
 WITHIN_STEP = ("indexOf(['queued', 'preempted', 'admitted', 'resumed', 'allocated', "
@@ -81,7 +102,8 @@ def events(client: Any, where: str, params: dict[str, Any], limit: int = 0,
     lifecycle rows and each allocation unrolled."""
     return _rows(client, "SELECT {cols} FROM request_events_all WHERE " + where
                  + f" ORDER BY {order}, {WITHIN_STEP}"
-                 + (f" LIMIT {int(limit)}" if limit else ""), params, EVENT_COLUMNS)
+                 + (f" LIMIT {int(limit)}" if limit else ""), params, EVENT_COLUMNS,
+                 () if counts_named(client) else ("step_counter",))
 
 
 def run_of(client: Any, events_: list[dict]) -> Run:
