@@ -343,7 +343,8 @@ def test_a_request_running_when_a_sidecar_takes_the_engine_up_gets_its_trace() -
     every count built from traces. Each now gets one: vLLM's own figures from its end
     (lengths, preemptions, cached tokens), its blocks from the keyframe's table on (a
     finished request's last table is its largest), and every time unknown (-1), its
-    arrival dated the first step the new sidecar heard (the latest it can have arrived)."""
+    arrival dated the step it was taken up in, its ``taken_up`` event's or its resume's
+    (the latest it can have arrived)."""
     from kvscope_probe.wire import cdiv
     from tests.clickhouse.twinrun import run_twin_restarting_sidecar
 
