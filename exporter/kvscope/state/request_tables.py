@@ -32,9 +32,10 @@ class Live:
     preempted before this sidecar took the engine up)."""
     recomputed: int = 0
     arrival_seen: bool = True
-    """False when the tracker first heard of the request at its admission (a sidecar that
-    took the engine up mid-run): ``arrival_ts`` is then the admission's time, and nothing
-    is measured from it."""
+    """False when the tracker first heard of the request after its arrival (a sidecar that
+    took the engine up mid-run): at its admission, or running at a keyframe, or at a resume
+    (``RequestTracker._take_up``). ``arrival_ts`` is then that step's time, and nothing is
+    measured from it."""
 
 
 def set_table(live: Live, groups: list[list[int]]) -> None:

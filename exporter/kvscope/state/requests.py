@@ -253,10 +253,10 @@ class RequestTracker:
                 continue  # preempted since the keyframe: its resume takes it up
             live = reqs[rid] = Live(s.ts, arrival_seen=False, admitted_ts=s.ts)
             if table is None:
-                live.peak_blocks = live.fragments = -1
+                live.peak_blocks = live.fragments = held = -1
             else:
                 set_table(live, table)
-            held = live.blocks if table is not None else -1
+                held = live.blocks
             self._event(st, s.ts, rid, "taken_up", blocks=held, total_blocks=held,
                         free_blocks=free, tokens=self._tokens(led, rid) if held >= 0 else -1,
                         detail="running when this sidecar took the engine up")
