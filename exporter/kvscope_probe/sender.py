@@ -208,15 +208,21 @@ class Sender(threading.Thread):
     def _flush_left(self, deadline: float) -> None:
         rec = self.rec
         while rec.ring and time.monotonic() < deadline:
-            self.drain_once()
+            self.drain_once(deadline)
         left = len(rec.ring)  # what could not be sent in time is dropped, and counted
         rec.ring.clear()
         rec.send_dropped += left
         del rec
 
-    def drain_once(self) -> int:
+    def drain_once(self, deadline: float | None = None) -> int:
         """Send what the ring holds now (up to 4 x MAX_BATCH entries); return how many
         entries were handled.
+
+        Every frame may wait SEND_WAIT_MS for a sidecar that does not read, and a ring
+        with gaps (a full ring drops records) splits into a frame per run: one call could
+        wait minutes. So it stops once vLLM has stopped the sender (the last flush takes
+        over), and no wait runs past ``deadline`` (the last flush's): a sender ends at
+        most one wait after its stop plus the flush's bound.
 
         Only what was there when it started: each send releases the GIL, the engine
         thread pushes a record or two meanwhile, and chasing them sent a frame of a few
@@ -228,6 +234,14 @@ class Sender(threading.Thread):
         rec = self.rec
         todo = min(len(rec.ring), 4 * MAX_BATCH)
         while rec.ring and handled < todo:
+            if deadline is None:
+                if self.stop_event.is_set():
+                    break
+                wait_ms = SEND_WAIT_MS
+            else:
+                wait_ms = min(SEND_WAIT_MS, int((deadline - time.monotonic()) * 1000))
+                if wait_ms <= 0:
+                    break
             first, items = pop_run(rec, min(MAX_BATCH, todo - handled))
             n = len(items)
             handled += n
@@ -236,7 +250,7 @@ class Sender(threading.Thread):
                 # A busy sidecar (or its starved I/O thread) fills the pipe for moments:
                 # wait a little on this thread rather than drop. The engine thread never
                 # waits; if this wait lasts, the ring fills and drops are counted there.
-                if not transport.send(self._sock, wire.encode(frame), SEND_WAIT_MS):
+                if not transport.send(self._sock, wire.encode(frame), wait_ms):
                     raise zmq.Again()
                 self.sent += n
                 if rec.resync_pending:  # the sidecar reads again: resynchronise it

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from kvscope.twin import TwinConfig, WorkloadSpec, generate
-from kvscope_probe import plugin, recorder
+from kvscope_probe import plugin, recorder, sender, transport
 from kvscope_probe.recorder import Recorder
 from tests.twin.exactness import dict_materialised
 from tests.twin.probe_trail import need_fails
@@ -138,6 +138,42 @@ def test_vllms_shutdown_ends_the_sender_and_every_hook_passes_through(
     finally:
         plugin.stop_all()
         plugin.enable(None)
+
+
+def test_the_last_flush_ends_at_its_deadline_however_the_ring_is_split(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full ring drops records, so what is left can be many short runs of sequence
+    numbers, each its own frame; on a socket nobody reads each frame waits SEND_WAIT_MS
+    and is dropped. The flush checked its deadline only between ``drain_once`` calls (up
+    to 4 x MAX_BATCH frames each): a CI run's sender outlived vLLM's shutdown by 6.6 s.
+    The waits now stop at the deadline, and what was not sent is counted dropped."""
+    assert plugin.enable(None)
+    twin = Twin(TwinConfig(num_blocks=48), seed=3)
+    rec = Recorder(twin.scheduler, ring_size=1 << 20, keyframe_interval_s=3600)
+    rec.push(rec.hello)
+    data = rec.ring.pop()[1]
+    n = 64
+    rec.ring.extend((2 * i, data) for i in range(n))  # every run one record long
+    rec.pushed_bytes = rec.popped_bytes + n * len(data)
+    snd = sender.Sender(rec, f"ipc://{tmp_path}/nobody.sock")  # not started
+    snd._sock = transport.push_socket(snd.endpoint, hwm=snd.hwm)
+    waits: list[int] = []
+    real_send = transport.send
+
+    def send(sock: Any, parts: list[Any], wait_ms: int) -> bool:
+        waits.append(wait_ms)
+        return real_send(sock, parts, wait_ms)
+
+    monkeypatch.setattr(transport, "send", send)
+    budget_ms = 500
+    try:
+        snd._flush_left(time.monotonic() + budget_ms / 1000)
+    finally:
+        snd._sock.close(linger=0)
+    assert not rec.ring and snd.sent == 0 and rec.send_dropped == n
+    # the waits add up to the time the flush had (a ms of rounding each), not a frame's
+    # wait for every run: 64 x 200 ms before
+    assert waits and sum(waits) <= budget_ms + len(waits), waits
 
 
 EXITING = """
